@@ -1,0 +1,32 @@
+r"""Quickstart: a small ViT + agent on 32-px CIFAR-10, shared mode, minutes on a laptop CPU.
+
+Command (uses the image-folder copy of CIFAR-10; any `root/{train,test}/<class>/*.jpg` works):
+  python -m vitboot_jax.main --config=configs/quickstart.py --workdir=workdirs/quickstart \
+    --config.data.dir=../shared/data/cifar10
+
+Model: ViT 144-d, 6 layers, 9 heads, patch 4 (8x8 tokens); agent with the small 32-px stem
+(16x16) down-sampling after block 0. 10% of the training set per class (5,000 images), batch 64.
+Args: mode=shared|joint|vit|agent (default shared).
+"""
+
+from vitboot_jax import configlib
+
+
+def get_config(arg=None):
+  args = configlib.parse_arg(arg)
+  c = configlib.base_config()
+  c.data.name = "folder"
+  c.data.dir = "../shared/data/cifar10"
+  c.data.num_classes = 10
+  c.data.normalisation = "cifar10"
+  c.data.train_fraction = 0.1
+  c.data.shuffle_buffer = 5000
+  c.image_size = 32
+  c.model.patch_size = 4
+  configlib.set_vit(c, "vit_cpu")
+  configlib.set_agent_stem(c, "small")
+  configlib.set_mode(c, args.get("mode", "shared"))
+  c.num_epochs = int(args.get("epochs", 10))
+  c.checkpoint_every_steps = 200
+  c.log_every_steps = 20
+  return c

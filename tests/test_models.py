@@ -1,0 +1,266 @@
+"""Models: sizes of the paper, CONV semantics, literal weight sharing, official initialisation."""
+
+import importlib.util
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vitboot_jax import configlib
+from vitboot_jax.models import agent as agent_lib
+from vitboot_jax.models.build import build_models
+from vitboot_jax.tools.summary import summarise
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+
+
+def load_config(name: str, arg: str | None = None):
+  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.mark.parametrize(
+  "config_name, vit_params, agent_private, vit_macs, agent_macs",
+  [
+    # Official counts (reference/official_state_dict_keys.md); paper Table 2 MACs (1.37G,
+    # 4.62G); shared res-like Agent-S with the real convolution ~1.9G.
+    ("vits_cifar100", 6_302_404, 212_100, 1.37e9, 1.9e9),
+    ("vitb_cifar100", 21_704_164, 288_804, 4.62e9, None),
+  ],
+)
+def test_paper_model_sizes(config_name, vit_params, agent_private, vit_macs, agent_macs):
+  summary = summarise(load_config(config_name))
+  assert summary["vit"]["params"] == vit_params
+  assert summary["agent"]["params_private"] == agent_private
+  assert abs(summary["vit"]["macs_per_image"] / vit_macs - 1) < 0.03
+  if agent_macs:
+    assert abs(summary["agent"]["macs_per_image"] / agent_macs - 1) < 0.05
+  # The shared agent reads the ViT's W_V, W_O, b_O and MLP: params = private + shared entries.
+  d, depth, f = (288, 6, 1152) if config_name.startswith("vits") else (384, 12, 1536)
+  shared = depth * (d * d + d * d + d + 2 * d * f + f + d)
+  assert summary["agent"]["params"] == agent_private + shared
+  assert summary["vit"]["params_private"] == vit_params - shared
+
+
+def test_standalone_agent_sizes():
+  # Official standalone agents (C=100): agent-small-res_like 8,682,756, agent-base-res_like
+  # 25,089,060 (official_state_dict_keys.md).
+  assert summarise(load_config("vits_cifar100", "mode=agent"))["agent"]["params"] == 8_682_756
+  assert summarise(load_config("vitb_cifar100", "mode=agent"))["agent"]["params"] == 25_089_060
+
+
+def _loop_conv(x, taps, bias, positions, k):
+  """Independent reference: y[i, j] = sum_h x[i + dr_h, j + dc_h] @ W_h + b, zero padding."""
+  b, h, w, _ = x.shape
+  c = (k - 1) // 2
+  y = np.zeros((b, h, w, taps.shape[-1]))
+  for tap, (r, col) in zip(taps, positions):
+    dr, dc = r - c, col - c
+    shifted = np.zeros_like(x)
+    src_r = slice(max(dr, 0), h + min(dr, 0))
+    dst_r = slice(max(-dr, 0), h + min(-dr, 0))
+    src_c = slice(max(dc, 0), w + min(dc, 0))
+    dst_c = slice(max(-dc, 0), w + min(-dc, 0))
+    shifted[:, dst_r, dst_c] = x[:, src_r, src_c]
+    y += shifted @ tap
+  return y + bias
+
+
+@pytest.mark.parametrize("heads", [6, 9, 12, 3, 4, 16])
+@pytest.mark.parametrize("scheme", ["official", "centered"])
+def test_conv_equals_shifted_sum(heads, scheme):
+  rng = np.random.default_rng(heads)
+  x = rng.normal(size=(2, 7, 6, 5)).astype(np.float32)
+  taps = rng.normal(size=(heads, 5, 4)).astype(np.float32)
+  bias = rng.normal(size=(4,)).astype(np.float32)
+  if scheme == "official" and heads in (3, 4, 12, 16):
+    with pytest.raises(ValueError, match="taps=centered"):
+      agent_lib.tap_positions(heads, scheme)
+    return
+  k, positions = agent_lib.tap_positions(heads, scheme)
+  got = agent_lib.generalised_conv(
+    jnp.asarray(x), jnp.asarray(taps), jnp.asarray(bias), scheme=scheme
+  )
+  np.testing.assert_allclose(got, _loop_conv(x, taps, bias, positions, k), rtol=1e-4, atol=1e-4)
+  # Same as a standard lax convolution whose kernel holds W_h at tap h and zeros elsewhere.
+  kernel = np.zeros((k, k, 5, 4), np.float32)
+  for tap, (r, c) in zip(taps, positions):
+    kernel[r, c] = tap
+  ref = jax.lax.conv_general_dilated(
+    x, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
+  np.testing.assert_allclose(got, ref + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_tap_positions():
+  # Official H=6: the first six raster positions, so the bottom row is missing.
+  assert agent_lib.tap_positions(6, "official") == (
+    3,
+    ((0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)),
+  )
+  assert agent_lib.tap_positions(9, "centered") == agent_lib.tap_positions(9, "official")
+  k, pos = agent_lib.tap_positions(4, "centered")
+  assert k == 3 and (1, 1) in pos and len(set(pos)) == 4
+  assert all(abs(r - 1) + abs(c - 1) <= 1 for r, c in pos)  # Centre + 3 of its 4 neighbours.
+  k, pos = agent_lib.tap_positions(12, "centered")
+  assert k == 5 and len(set(pos)) == 12
+  assert all((r - 2) ** 2 + (c - 2) ** 2 <= 4 for r, c in pos)
+
+
+def _tiny(mode="shared", **overrides):
+  config = load_config("tiny_test", f"mode={mode}")
+  for key, value in overrides.items():
+    group, field = key.split(".") if "." in key else (None, key)
+    (config[group] if group else config)[field] = value
+  models = build_models(config)
+  images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+  variables = models.init(jax.random.key(0), images)
+  return models, variables, images
+
+
+def _agent_logits(models, variables, images):
+  return models.apply(variables, images, train=False, names=("agent",))[0]["agent"][0]
+
+
+def test_sharing_is_literal():
+  models, variables, images = _tiny()
+  agent_leaves = jax.tree_util.tree_leaves_with_path(variables["params"]["agent"])
+  agent_keys = {jax.tree_util.keystr(p) for p, _ in agent_leaves}
+  # The shared agent owns no CONV or MLP weights ...
+  assert not any("conv_taps" in k or "fc1" in k or "fc2" in k for k in agent_keys), agent_keys
+  # ... and none of its leaves duplicates a ViT leaf (constant-initialised norms aside: all
+  # BatchNorm and LayerNorm scales start at 1).
+  vit_leaves = [v for v in jax.tree.leaves(variables["params"]["vit"]) if np.ptp(v) > 0]
+  for _, leaf in agent_leaves:
+    assert not any(v.shape == leaf.shape and np.array_equal(v, leaf) for v in vit_leaves)
+  base = _agent_logits(models, variables, images)
+
+  def perturbed(path, fn):
+    params = jax.tree.map(lambda x: x, variables["params"])
+    node = params["vit"]["block_0"]
+    for key in path[:-1]:
+      node = node[key]
+    node[path[-1]] = fn(node[path[-1]])
+    return _agent_logits(models, {**variables, "params": params}, images)
+
+  d = 36
+  bump_v = lambda k: k.at[:, 2 * d :].add(0.1)
+  bump_qk = lambda k: k.at[:, : 2 * d].add(0.1)
+  for path, fn in [
+    (("attn", "qkv", "kernel"), bump_v),
+    (("attn", "out", "kernel"), lambda k: k + 0.1),
+    (("attn", "out", "bias"), lambda k: k + 0.1),
+    (("mlp", "fc1", "kernel"), lambda k: k + 0.1),
+    (("mlp", "fc2", "bias"), lambda k: k + 0.1),
+  ]:
+    assert not np.allclose(perturbed(path, fn), base), path
+  # Q/K and b_V are the ViT's alone.
+  np.testing.assert_allclose(perturbed(("attn", "qkv", "kernel"), bump_qk), base, rtol=1e-6)
+  np.testing.assert_allclose(perturbed(("attn", "qkv", "bias"), lambda b: b + 0.1), base, rtol=1e-6)
+
+
+def test_shared_mask_marks_exactly_the_tied_entries():
+  models, variables, _ = _tiny()
+  mask = models.shared_mask(variables["params"])
+  qkv = mask["vit"]["block_0"]["attn"]["qkv"]
+  np.testing.assert_array_equal(np.asarray(qkv["kernel"])[0], np.repeat([0.0, 0.0, 1.0], 36))
+  assert float(qkv["bias"].sum()) == 0.0
+  assert float(mask["vit"]["block_1"]["mlp"]["fc2"]["bias"].min()) == 1.0
+  assert float(mask["vit"]["cls"].max()) == 0.0
+  assert all(float(m.max()) == 0.0 for m in jax.tree.leaves(mask["agent"]))
+
+
+def test_joint_agent_is_independent():
+  models, variables, images = _tiny("joint")
+  assert "conv_taps" in variables["params"]["agent"]["block_0"]
+  base = _agent_logits(models, variables, images)
+  params = jax.tree.map(lambda x: x + 1.0, variables["params"]["vit"])
+  other = _agent_logits(
+    models, {**variables, "params": {**variables["params"], "vit": params}}, images
+  )
+  np.testing.assert_array_equal(base, other)
+
+
+def test_features_and_shapes():
+  models, variables, images = _tiny()
+  outputs, _ = models.apply(variables, images, train=False)
+  vit_logits, vit_out = outputs["vit"]
+  agent_logits, agent_out = outputs["agent"]
+  assert vit_logits.shape == agent_logits.shape == (2, 10)
+  assert [f.shape for f in vit_out["features"]] == [(2, 17, 36)] * 2
+  # Small stem: 32 -> 16; down-sampled after block 0 (features are taken before the pool).
+  assert [f.shape for f in agent_out["features"]] == [(2, 16, 16, 36), (2, 8, 8, 36)]
+
+
+def test_official_init_quirks():
+  config = load_config("vits_cifar100")
+  models = build_models(config)
+  params = models.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)))["params"]
+  # N(0, 1) patch embedding, N(1e-6, 1) MLP biases (the official bug), xavier qkv.
+  assert abs(float(params["vit"]["patch_embed"]["kernel"].std()) - 1.0) < 0.02
+  assert abs(float(params["vit"]["block_0"]["mlp"]["fc1"]["bias"].std()) - 1.0) < 0.1
+  qkv = params["vit"]["block_0"]["attn"]["qkv"]["kernel"]
+  bound = np.sqrt(6 / (288 + 864))
+  assert float(jnp.abs(qkv).max()) <= bound and float(jnp.abs(qkv).max()) > 0.95 * bound
+  config.model.init = "standard"
+  params = build_models(config).init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)))["params"]
+  assert float(params["vit"]["patch_embed"]["kernel"].std()) < 0.1
+  assert float(jnp.abs(params["vit"]["block_0"]["mlp"]["fc1"]["bias"]).max()) < 1e-4
+
+
+def test_dropout_only_in_train_mode():
+  models, variables, images = _tiny("shared", **{"model.dropout": 0.5, "agent.mlp_dropout": 0.5})
+  eval1 = models.apply(variables, images, train=False)[0]["vit"][0]
+  eval2 = models.apply(variables, images, train=False)[0]["vit"][0]
+  np.testing.assert_array_equal(eval1, eval2)
+  train1 = models.apply(variables, images, train=True, rng=jax.random.key(1))[0]["vit"][0]
+  train2 = models.apply(variables, images, train=True, rng=jax.random.key(2))[0]["vit"][0]
+  assert not np.allclose(train1, train2)
+
+
+@pytest.mark.parametrize(
+  "field, value, message",
+  [
+    ("image_size", 30, "not divisible by config.model.patch_size"),
+    ("mode", "bootstrap", "config.mode"),
+    ("agent.stem", "resnet", "config.agent.stem"),
+    ("agent.taps", "spiral", "config.agent.taps"),
+    ("model.init", "xavier", "config.model.init"),
+  ],
+)
+def test_bad_config_names_the_field(field, value, message):
+  config = load_config("tiny_test")
+  group, key = field.split(".") if "." in field else (None, field)
+  (config[group] if group else config)[key] = value
+  with pytest.raises(ValueError, match=message):
+    build_models(config)
+
+
+def test_even_window_heads_need_centered_taps():
+  config = load_config("tiny_test")
+  config.model.num_heads = 4
+  config.model.embed_dim = 32
+  with pytest.raises(ValueError, match="taps=centered"):
+    models = build_models(config)
+    models.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  config.agent.taps = "centered"
+  models = build_models(config)
+  variables = models.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  assert np.isfinite(_agent_logits(models, variables, jnp.ones((1, 32, 32, 3)))).all()
+
+
+@pytest.mark.parametrize("name", ["vits_cifar100", "vitb_cifar100", "quickstart"])
+@pytest.mark.parametrize("arg", ["", "mode=joint", "mode=vit", "mode=agent", "agent=base"])
+def test_configs_build(name, arg):
+  if name == "quickstart" and arg == "agent=base":
+    pytest.skip("quickstart has a single agent stem")
+  config = load_config(name, arg)
+  configlib.validate(config)
+  models = build_models(config)
+  size = config.image_size
+  variables = jax.eval_shape(models.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
+  assert set(variables["params"]) == set(models.names)

@@ -1,0 +1,312 @@
+"""The agent CNN: the ViT's blocks with MHSA replaced by a generalised convolution (CONV).
+
+CONV has one kernel tap per attention head: y_i = sum_h W_h x_{i + delta_h} + b. We compute it as
+one real convolution over a k x k kernel assembled from the tap matrices (zeros at unused
+positions), never with the dense n x n selection matrices of the official code.
+
+In shared mode the agent owns only its stem, its BatchNorms and its head. Its CONV taps
+(W_V^h W_O^h, bias b_O) and its MLP are read from the ViT's parameter subtree, passed to
+`__call__` as `vit_params`: one parameter tree, no copy, no synchronisation step.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from vitboot_jax.models import common
+
+
+@functools.cache
+def tap_positions(
+  num_taps: int, scheme: str = "official"
+) -> tuple[int, tuple[tuple[int, int], ...]]:
+  """Returns (k, positions): the window size and the (row, col) of each tap inside it.
+
+  "official": the first `num_taps` raster positions of the ceil(sqrt(H)) window; the official
+  code asserts that window is odd (H=6 keeps only the top two rows). "centered": the H positions
+  nearest the centre of the smallest odd window that holds them (ties in raster order), listed in
+  raster order, so any head count works; for H = 1, 9, 25 it equals "official".
+  """
+  if num_taps < 1:
+    raise ValueError(f"the agent needs at least one tap (head), got {num_taps}")
+  if scheme == "official":
+    k = math.ceil(math.sqrt(num_taps))
+    if k % 2 == 0:
+      raise ValueError(
+        f"config.agent.taps='official' needs an odd window ceil(sqrt(heads)), but {num_taps} "
+        "heads give an even window (the official code crashes here); use "
+        "--config.agent.taps=centered"
+      )
+    raster = [(r, c) for r in range(k) for c in range(k)]
+    return k, tuple(raster[:num_taps])
+  if scheme == "centered":
+    k = math.ceil(math.sqrt(num_taps))
+    k += 1 - k % 2
+    centre = (k - 1) / 2
+    raster = [(r, c) for r in range(k) for c in range(k)]
+    by_distance = sorted(
+      range(k * k), key=lambda i: ((raster[i][0] - centre) ** 2 + (raster[i][1] - centre) ** 2, i)
+    )
+    return k, tuple(raster[i] for i in sorted(by_distance[:num_taps]))
+  raise ValueError(f"config.agent.taps={scheme!r} is unknown; choose 'official' or 'centered'")
+
+
+def assemble_kernel(taps: jax.Array, k: int, positions: Sequence[tuple[int, int]]) -> jax.Array:
+  """[H, D_in, D_out] tap matrices -> [k, k, D_in, D_out] HWIO kernel, zeros elsewhere."""
+  rows = jnp.array([r for r, _ in positions])
+  cols = jnp.array([c for _, c in positions])
+  kernel = jnp.zeros((k, k) + taps.shape[1:], taps.dtype)
+  return kernel.at[rows, cols].set(taps)
+
+
+def generalised_conv(
+  x: jax.Array, taps: jax.Array, bias: jax.Array | None, *, scheme: str = "official"
+) -> jax.Array:
+  """CONV on an NHWC map: stride 1, zero padding, tap h at positions[h] of the window."""
+  k, positions = tap_positions(taps.shape[0], scheme)
+  kernel = assemble_kernel(taps.astype(x.dtype), k, positions)
+  pad = (k - 1) // 2
+  y = jax.lax.conv_general_dilated(
+    x, kernel, (1, 1), ((pad, pad), (pad, pad)), dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
+  return y if bias is None else y + bias.astype(y.dtype)
+
+
+def shared_taps(qkv_kernel: jax.Array, out_kernel: jax.Array, num_heads: int) -> jax.Array:
+  """Tap h = (W_V^h W_O^h) in Flax [in, out] layout, from the ViT's live kernels: [H, D, D]."""
+  d = out_kernel.shape[0]
+  w_v = qkv_kernel[:, 2 * d :].reshape(d, num_heads, d // num_heads)  # [in, head, d_k]
+  w_o = out_kernel.reshape(num_heads, d // num_heads, d)  # [head, d_k, out]
+  return jnp.einsum("ihk,hko->hio", w_v, w_o)
+
+
+def _inits(init: str) -> dict[str, Any]:
+  if init == "official":
+    return dict(
+      patch=common.normal(1.0), stem_bias=common.official_bias, mlp_bias=common.official_bias
+    )
+  if init == "standard":
+    return dict(patch=common.lecun_normal, stem_bias=common.zeros, mlp_bias=common.zeros)
+  raise ValueError(f"config.agent.init={init!r} is unknown; choose 'official' or 'standard'")
+
+
+class Stem(nn.Module):
+  """Input projection: "res_like" (224 -> 28x28), "patch" (like the ViT), "small" (32 px -> 16)."""
+
+  kind: str
+  embed_dim: int
+  patch_size: int = 16
+  channels: int = 64
+  bn_momentum: float = 0.9
+  bn_eps: float = 1e-5
+  init_scheme: str = "official"
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    inits = _inits(self.init_scheme)
+    if self.kind == "patch":
+      p = self.patch_size
+      return nn.Conv(
+        self.embed_dim,
+        (p, p),
+        strides=(p, p),
+        padding="VALID",
+        kernel_init=inits["patch"],
+        bias_init=common.zeros,
+        dtype=self.dtype,
+        name="conv",
+      )(x)
+    if self.kind == "res_like":
+      k1, s1, p1 = 7, 2, 3
+    elif self.kind == "small":
+      k1, s1, p1 = 3, 1, 1
+    else:
+      raise ValueError(
+        f"config.agent.stem={self.kind!r} is unknown; choose 'res_like', 'patch' or 'small'"
+      )
+    x = nn.Conv(
+      self.channels,
+      (k1, k1),
+      strides=(s1, s1),
+      padding=((p1, p1), (p1, p1)),
+      use_bias=False,
+      kernel_init=common.xavier_uniform,
+      dtype=self.dtype,
+      name="conv1",
+    )(x)
+    x = nn.BatchNorm(
+      use_running_average=not train,
+      momentum=self.bn_momentum,
+      epsilon=self.bn_eps,
+      dtype=self.dtype,
+      name="bn",
+    )(x)
+    x = common.gelu(x)
+    if self.kind == "res_like":
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    return nn.Conv(
+      self.embed_dim,
+      (3, 3),
+      strides=(2, 2),
+      padding=((1, 1), (1, 1)),
+      kernel_init=common.xavier_uniform,
+      bias_init=inits["stem_bias"],
+      dtype=self.dtype,
+      name="conv2",
+    )(x)
+
+
+class AgentBlock(nn.Module):
+  """CONV + MLP with BatchNorm, pre-norm (x + CONV(BN(x))) or post-norm (x + BN(CONV(x)))."""
+
+  num_taps: int
+  mlp_dim: int
+  pre_norm: bool = True
+  taps: str = "official"
+  mlp_dropout: float = 0.0
+  residual_dropout: float = 0.0
+  bn_momentum: float = 0.9
+  bn_eps: float = 1e-5
+  init_scheme: str = "official"
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(
+    self, x: jax.Array, *, train: bool, shared: Mapping[str, Any] | None = None
+  ) -> jax.Array:
+    d = x.shape[-1]
+    bn = lambda name: nn.BatchNorm(
+      use_running_average=not train,
+      momentum=self.bn_momentum,
+      epsilon=self.bn_eps,
+      dtype=self.dtype,
+      name=name,
+    )
+    drop = lambda y: nn.Dropout(self.residual_dropout)(y, deterministic=not train)
+    if shared is None:
+      # Standalone / joint agent: full-rank taps; xavier with fan = D * taps as the official
+      # Conv_SL (3x3 conv) and Conv_ManyHead ([D, D, H]) initialisers.
+      taps = self.param("conv_taps", common.xavier_uniform, (self.num_taps, d, d))
+      conv_bias = self.param("conv_bias", common.zeros, (d,))
+      inits = _inits(self.init_scheme)
+      fc1 = nn.Dense(
+        self.mlp_dim,
+        kernel_init=common.xavier_uniform,
+        bias_init=inits["mlp_bias"],
+        dtype=self.dtype,
+        name="fc1",
+      )
+      fc2 = nn.Dense(
+        d,
+        kernel_init=common.xavier_uniform,
+        bias_init=inits["mlp_bias"],
+        dtype=self.dtype,
+        name="fc2",
+      )
+    else:
+      attn, mlp = shared["attn"], shared["mlp"]
+      taps = shared_taps(attn["qkv"]["kernel"], attn["out"]["kernel"], self.num_taps)
+      conv_bias = attn["out"]["bias"]  # b_O only; b_V is not part of the CONV (reference §2.6).
+      fc1 = lambda y: y @ mlp["fc1"]["kernel"].astype(y.dtype) + mlp["fc1"]["bias"].astype(y.dtype)
+      fc2 = lambda y: y @ mlp["fc2"]["kernel"].astype(y.dtype) + mlp["fc2"]["bias"].astype(y.dtype)
+
+    def conv(y):
+      return generalised_conv(y, taps, conv_bias, scheme=self.taps)
+
+    def mlp_branch(y):
+      y = common.gelu(fc1(y))
+      return fc2(nn.Dropout(self.mlp_dropout)(y, deterministic=not train))
+
+    if self.pre_norm:
+      x = x + drop(conv(bn("bn1")(x)))
+      return x + drop(mlp_branch(bn("bn2")(x)))
+    x = x + drop(bn("bn1")(conv(x)))
+    return x + drop(bn("bn2")(mlp_branch(x)))
+
+
+class Agent(nn.Module):
+  """Returns `(logits, out)`; `out["features"][l]` is block l's NHWC output before down-sampling.
+
+  With `shared=True`, `__call__` needs `vit_params` (the ViT's `params` subtree) and the agent
+  creates no CONV or MLP weights of its own.
+  """
+
+  num_classes: int
+  embed_dim: int = 288
+  depth: int = 6
+  num_heads: int = 9  # = CONV taps.
+  mlp_dim: int = 1152
+  stem: str = "res_like"
+  stem_channels: int = 64
+  patch_size: int = 16
+  pre_norm: bool = True
+  downsample_after: Sequence[int] = (0, 1)
+  taps: str = "official"
+  mlp_dropout: float = 0.0
+  residual_dropout: float = 0.0
+  bn_momentum: float = 0.9
+  bn_eps: float = 1e-5
+  init_scheme: str = "official"
+  shared: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(
+    self, images: jax.Array, *, train: bool = False, vit_params: Mapping[str, Any] | None = None
+  ):
+    if self.shared and vit_params is None:
+      raise ValueError("a shared agent reads the ViT's weights: pass vit_params=params['vit']")
+    tap_positions(self.num_heads, self.taps)  # Fail at build time on an unsupported head count.
+    x = Stem(
+      self.stem,
+      self.embed_dim,
+      self.patch_size,
+      self.stem_channels,
+      self.bn_momentum,
+      self.bn_eps,
+      self.init_scheme,
+      self.dtype,
+      name="stem",
+    )(images.astype(self.dtype), train=train)
+    features = []
+    for layer in range(self.depth):
+      x = AgentBlock(
+        self.num_heads,
+        self.mlp_dim,
+        self.pre_norm,
+        self.taps,
+        self.mlp_dropout,
+        self.residual_dropout,
+        self.bn_momentum,
+        self.bn_eps,
+        self.init_scheme,
+        self.dtype,
+        name=f"block_{layer}",
+      )(x, train=train, shared=vit_params[f"block_{layer}"] if self.shared else None)
+      features.append(x)
+      if layer in self.downsample_after:
+        x = nn.avg_pool(x, (2, 2), strides=(2, 2))
+    x = nn.BatchNorm(
+      use_running_average=not train,
+      momentum=self.bn_momentum,
+      epsilon=self.bn_eps,
+      dtype=self.dtype,
+      name="head_bn",
+    )(x)
+    pre_logits = jnp.mean(common.gelu(x), axis=(1, 2))
+    logits = nn.Dense(
+      self.num_classes,
+      kernel_init=common.torch_linear_default(self.embed_dim),
+      bias_init=common.torch_linear_default(self.embed_dim),
+      dtype=self.dtype,
+      name="head",
+    )(pre_logits)
+    return logits.astype(jnp.float32), {"features": tuple(features), "pre_logits": pre_logits}

@@ -1,0 +1,171 @@
+"""The paper's Vision Transformer (pre-norm, cls token, learnable position embedding).
+
+Parameter layout is chosen so that the agent CNN can read the ViT's weights in place:
+`block_{l}/attn/qkv/kernel` is [D, 3D] with columns laid out [Q | K | V], head-major inside each
+third (column h*d_k + j of a third belongs to head h), exactly as the official `linear_qkv`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import einops
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from vitboot_jax.models import common
+
+
+def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:
+  """The initialisers of every ViT tensor for one scheme (reference §1.5)."""
+  if init == "official":
+    return dict(
+      patch_kernel=common.normal(1.0),
+      pos=common.normal(0.02),
+      cls=common.normal(0.02),
+      dense=common.xavier_uniform,
+      mlp_bias=common.official_bias,
+      head_kernel=common.torch_linear_default(embed_dim),
+      head_bias=common.torch_linear_default(embed_dim),
+    )
+  if init == "standard":
+    return dict(
+      patch_kernel=common.lecun_normal,
+      pos=nn.initializers.truncated_normal(0.02),
+      cls=nn.initializers.truncated_normal(0.02),
+      dense=common.xavier_uniform,
+      mlp_bias=common.normal(1e-6),
+      head_kernel=common.zeros,
+      head_bias=common.zeros,
+    )
+  raise ValueError(f"config.model.init={init!r} is unknown; choose 'official' or 'standard'")
+
+
+class Attention(nn.Module):
+  """Multi-head self-attention with a fused [Q|K|V] projection."""
+
+  num_heads: int
+  dropout: float = 0.0
+  init_scheme: str = "official"
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    d = x.shape[-1]
+    inits = _inits(self.init_scheme, d, 1)
+    qkv = nn.Dense(
+      3 * d, kernel_init=inits["dense"], bias_init=common.zeros, dtype=self.dtype, name="qkv"
+    )(x)
+    q, k, v = einops.rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
+    scale = (d // self.num_heads) ** -0.5
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q * scale, k)
+    # Softmax in float32 even under bf16 compute: attention logits overflow bf16 easily.
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+    probs = nn.Dropout(self.dropout)(probs, deterministic=not train)
+    out = einops.rearrange(jnp.einsum("bhqk,bhkd->bhqd", probs, v), "b h n d -> b n (h d)")
+    return nn.Dense(
+      d, kernel_init=inits["dense"], bias_init=common.zeros, dtype=self.dtype, name="out"
+    )(out)
+
+
+class Mlp(nn.Module):
+  """Linear -> GELU -> dropout -> Linear (the official MLP; no dropout after fc2)."""
+
+  hidden_dim: int
+  dropout: float = 0.0
+  init_scheme: str = "official"
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    inits = _inits(self.init_scheme, x.shape[-1], 1)
+    dense = lambda n, name: nn.Dense(
+      n, kernel_init=inits["dense"], bias_init=inits["mlp_bias"], dtype=self.dtype, name=name
+    )
+    h = common.gelu(dense(self.hidden_dim, "fc1")(x))
+    h = nn.Dropout(self.dropout)(h, deterministic=not train)
+    return dense(x.shape[-1], "fc2")(h)
+
+
+class EncoderBlock(nn.Module):
+  """Pre-norm block: x + Drop(MHSA(LN(x))), then x + Drop(MLP(LN(x)))."""
+
+  num_heads: int
+  mlp_dim: int
+  dropout: float = 0.0
+  ln_eps: float = 1e-5
+  init_scheme: str = "official"
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    ln = lambda name: nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype, name=name)
+    drop = lambda y: nn.Dropout(self.dropout)(y, deterministic=not train)
+    attn = Attention(self.num_heads, self.dropout, self.init_scheme, self.dtype, name="attn")
+    x = x + drop(attn(ln("ln1")(x), train=train))
+    mlp = Mlp(self.mlp_dim, self.dropout, self.init_scheme, self.dtype, name="mlp")
+    return x + drop(mlp(ln("ln2")(x), train=train))
+
+
+class ViT(nn.Module):
+  """Returns `(logits, out)`; `out["features"][l]` is block l's output [B, 1+N, D], cls first.
+
+  Those block outputs (before the final LayerNorm) are what the official hint loss reads.
+  """
+
+  num_classes: int
+  patch_size: int = 16
+  embed_dim: int = 288
+  depth: int = 6
+  num_heads: int = 9
+  mlp_dim: int = 1152
+  dropout: float = 0.0
+  ln_eps: float = 1e-5
+  init_scheme: str = "official"
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, images: jax.Array, *, train: bool = False):
+    p, d = self.patch_size, self.embed_dim
+    if images.shape[1] % p or images.shape[2] % p:
+      raise ValueError(
+        f"image size {images.shape[1:3]} is not divisible by config.model.patch_size={p}"
+      )
+    inits = _inits(self.init_scheme, d, 3 * p * p)
+    x = nn.Conv(
+      d,
+      (p, p),
+      strides=(p, p),
+      padding="VALID",
+      kernel_init=inits["patch_kernel"],
+      bias_init=common.zeros,
+      dtype=self.dtype,
+      name="patch_embed",
+    )(images.astype(self.dtype))
+    x = einops.rearrange(x, "b h w d -> b (h w) d")  # Row-major patches, as torch's flatten(2).
+    cls = self.param("cls", inits["cls"], (1, 1, d))
+    x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, d)).astype(x.dtype), x], axis=1)
+    x = x + self.param("pos_embed", inits["pos"], (1, x.shape[1], d)).astype(x.dtype)
+    features = []
+    for layer in range(self.depth):
+      x = EncoderBlock(
+        self.num_heads,
+        self.mlp_dim,
+        self.dropout,
+        self.ln_eps,
+        self.init_scheme,
+        self.dtype,
+        name=f"block_{layer}",
+      )(x, train=train)
+      features.append(x)
+    x = nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype, name="norm")(x)
+    pre_logits = x[:, 0]
+    logits = nn.Dense(
+      self.num_classes,
+      kernel_init=inits["head_kernel"],
+      bias_init=inits["head_bias"],
+      dtype=self.dtype,
+      name="head",
+    )(pre_logits)
+    return logits.astype(jnp.float32), {"features": tuple(features), "pre_logits": pre_logits}
