@@ -72,3 +72,40 @@ def standalone_agent(index):
 def rel_err(got, want):
   got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
   return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-12))
+
+
+def shared_config(index):
+  """A vitboot_jax config equal to a golden shared entry (official loss weights, no dropout)."""
+  from vitboot_jax import configlib
+
+  cfg = index["config"]
+  t, cnn = cfg["vit"]["transformer"], cfg["cnn"]
+  c = configlib.base_config()
+  configlib.set_mode(c, "shared")
+  c.data.num_classes = index["num_classes"]
+  c.image_size = cfg["vit"]["patch_embed"]["img_size"]
+  c.model.update(
+    patch_size=cfg["vit"]["patch_embed"]["patch_size"],
+    embed_dim=t["embed_dim"],
+    depth=t["num_encoder_layers"],
+    num_heads=t["num_heads"],
+    mlp_dim=t["dim_feedforward"],
+    dropout=0.0,
+  )
+  c.agent.update(
+    stem={"resnet_like": "res_like", "vit_like": "patch"}[cnn["input_proj"]["name"]],
+    pre_norm=cnn["pre_norm"],
+    downsample_after=tuple(cnn["down_sample_layers"]),
+    mlp_dropout=0.0,
+    residual_dropout=0.0,
+  )
+  weights = index["loss"]["weight_dict"]
+  c.loss.update(
+    ce_vit=weights["cls_vit"],
+    ce_agent=weights["cls_cnn"],
+    kd_vit=weights["kd_vit"],
+    kd_agent=weights["kd_cnn"],
+    feature_vit=weights["hint_vit"],
+    temperature=index["loss"]["kd_temp"],
+  )
+  return c

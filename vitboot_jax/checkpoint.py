@@ -1,0 +1,342 @@
+"""Checkpoints of the training state: a thin, resume-safe layer over an orbax CheckpointManager.
+
+Layout: `<workdir>/checkpoints/<step>/`, one orbax step directory per saved step. All processes
+call every method (orbax coordinates multi-host writes itself; nothing here writes from one host).
+
+Completeness. Orbax 0.12 writes a step into `<step>.orbax-checkpoint-tmp` and, once every array
+is on disk, writes `commit_success.txt` into it and renames it to `<step>` (atomic on POSIX). On
+object stores (gs://) it writes in place and the marker alone marks the commit. So a step counts
+only if its directory has the final name AND holds `commit_success.txt`; both are checked through
+the step-name format handed to orbax, so orbax's own step list, its keep-last-K deletion and its
+restore never see a save that a kill cut short. Such leftovers are ignored, never deleted.
+
+Corruption. A complete step whose files cannot be read (truncated, garbled) is not skipped
+silently: restoring an older step would quietly lose training. `restore_latest` raises
+`CorruptCheckpointError` naming the directory to delete to fall back to the previous step. That
+advice is given only when the files fail to read back on their own; a changed model or config
+raises `CheckpointMismatchError`, and a bad requested sharding a plain `CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
+
+PyTree = Any
+
+CHECKPOINT_SUBDIR = "checkpoints"
+# Written by orbax 0.12 into every step directory at commit, in both atomicity modes.
+COMMIT_MARKER = "commit_success.txt"
+_TMP_TAG = ".orbax-checkpoint-tmp"
+# The item name orbax gives a single unnamed item (the step's `default/` subdirectory).
+_ITEM = "default"
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint exists but cannot be used as it is; the message gives the fix."""
+
+
+class CorruptCheckpointError(CheckpointError):
+  """A complete checkpoint whose files cannot be read."""
+
+
+class CheckpointMismatchError(CheckpointError):
+  """A readable checkpoint whose tree or shapes differ from the state being restored."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommittedStepsFormat:
+  """Orbax's standard step naming, minus step directories that lack the commit marker.
+
+  Orbax only checks the marker on object stores; checking it everywhere also keeps a
+  half-copied directory (e.g. an interrupted `cp -r` of a workdir) out of restores and out of
+  the keep-last-K count, where it could push a good checkpoint out.
+  """
+
+  base: Any = dataclasses.field(default_factory=ocp.step.standard_name_format)
+
+  def build_name(self, step: int) -> str:
+    return self.base.build_name(step)
+
+  def find_all(self, base_path: epath.PathLike) -> Iterator[Any]:
+    for metadata in self.base.find_all(base_path):
+      if _has_marker(metadata.path):
+        yield metadata
+      else:
+        logging.warning(
+          "Ignoring checkpoint %s: it has no %s, so its save never finished.",
+          metadata.path,
+          COMMIT_MARKER,
+        )
+
+  def find_step(self, base_path: epath.PathLike, step: int) -> Any:
+    metadata = self.base.find_step(base_path, step)
+    if not _has_marker(metadata.path):
+      raise ValueError(f"Checkpoint {metadata.path} has no {COMMIT_MARKER}; it is incomplete.")
+    return metadata
+
+
+def _has_marker(step_dir: epath.PathLike) -> bool:
+  return (epath.Path(step_dir) / COMMIT_MARKER).exists()
+
+
+class Checkpointer:
+  """Saves and restores the train state under `<workdir>/checkpoints`.
+
+  Call `save` after every step (it decides itself whether to write), `restore_latest` once at
+  start-up, and `close` at the end so an asynchronous save in flight is completed.
+  """
+
+  def __init__(
+    self,
+    workdir: epath.PathLike,
+    *,
+    keep: int | None = 3,
+    save_every_steps: int | None = None,
+    async_save: bool = True,
+  ):
+    """Opens (creating if needed) the checkpoint directory of `workdir`.
+
+    Args:
+      workdir: The run's directory (local path or a URL such as gs://...).
+      keep: How many of the newest checkpoints to keep; None keeps all.
+      save_every_steps: Save at positive multiples of this step; None saves only when forced
+        (and on a preemption notice).
+      async_save: Write to disk in a background thread once arrays are copied to host memory,
+        so training (and buffer donation) continues during the write.
+    """
+    if keep is not None and keep < 1:
+      raise ValueError(f"keep must be >= 1 or None, got {keep}.")
+    if save_every_steps is not None and save_every_steps < 1:
+      raise ValueError(f"save_every_steps must be >= 1 or None, got {save_every_steps}.")
+    self._directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
+    self._save_every = save_every_steps
+    self._name_format = _CommittedStepsFormat()
+    # Registered up front so a fresh manager can read a step's metadata before any restore.
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    for args_type in (ocp.args.StandardSave, ocp.args.StandardRestore):
+      registry.add(_ITEM, args_type, ocp.StandardCheckpointHandler)
+    self._manager = ocp.CheckpointManager(
+      self._directory,
+      options=ocp.CheckpointManagerOptions(
+        max_to_keep=keep,
+        step_name_format=self._name_format,
+        enable_async_checkpointing=async_save,
+        create=True,
+      ),
+      handler_registry=registry,
+    )
+    self._log_leftovers()
+
+  @property
+  def directory(self) -> epath.Path:
+    return self._directory
+
+  def step_dir(self, step: int) -> epath.Path:
+    """The directory that holds (or will hold) the checkpoint of `step`."""
+    return self._directory / self._name_format.build_name(int(step))
+
+  def all_steps(self) -> list[int]:
+    """Complete steps, oldest first (plus a save of this process still being written)."""
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    """The newest complete step, or None; call `wait()` first if a save may be in flight."""
+    return self._manager.latest_step()
+
+  def should_save(self, step: int) -> bool:
+    """Whether `save(step, ...)` without force writes; call it on all processes every step."""
+    periodic = bool(self._save_every) and step > 0 and step % self._save_every == 0
+    # Always evaluated: the preemption check is a collective that every step must take part in.
+    preempted = self._manager.reached_preemption(step)
+    return periodic or preempted
+
+  def save(self, step: int, state: PyTree, *, force: bool = False) -> bool:
+    """Saves `state` as step `step` if it is due (or `force`); returns whether it saved.
+
+    `state` is any pytree of jax.Arrays (sharded or not, typed PRNG keys included), numpy arrays
+    and Python scalars. A step that is already saved is left untouched, never overwritten.
+    """
+    step = int(step)
+    due = self.should_save(step)
+    if not (force or due):
+      return False
+    if step in self._manager.all_steps():
+      logging.info("Checkpoint for step %d already exists; not overwriting it.", step)
+      return False
+    step_dir = self.step_dir(step)
+    if step_dir.exists():
+      raise CheckpointError(
+        f"{step_dir} exists but has no {COMMIT_MARKER}: it is a save that never finished, and "
+        f"orbax cannot write step {step} over it. Move it out of {self._directory} (it is not "
+        "used for resuming) and restart."
+      )
+    # Due-ness is decided above; force=True keeps orbax from re-deciding with its own policy.
+    return self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+
+  def restore(self, abstract_state: PyTree, step: int) -> PyTree:
+    """Restores step `step` with the dtypes and shardings of `abstract_state`.
+
+    Args:
+      abstract_state: The state's pytree with jax.ShapeDtypeStruct leaves carrying `.sharding`
+        (e.g. `jax.eval_shape` of the init plus the shardings), so each array is read straight
+        into its shards.
+      step: A complete step.
+
+    Raises:
+      CheckpointMismatchError: The checkpoint is readable but its tree or shapes differ.
+      CorruptCheckpointError: Anything else keeps the checkpoint from being read.
+    """
+    step = int(step)
+    try:
+      return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    except Exception as error:  # Any failure: classify it and say what to do.
+      raise self._explain_failure(step, abstract_state, error) from error
+
+  def restore_latest(self, abstract_state: PyTree) -> tuple[PyTree, int] | None:
+    """Restores the newest complete checkpoint as `(state, step)`, or returns None if none.
+
+    Never falls back to an older step by itself: see the module docstring.
+    """
+    self.wait()
+    step = self.latest_step()
+    if jax.process_count() > 1:
+      # All hosts must read the same step even if their views of the directory differ.
+      agreed = multihost_utils.broadcast_one_to_all(np.int64(-1 if step is None else step))
+      step = None if int(agreed) < 0 else int(agreed)
+    if step is None:
+      return None
+    logging.info("Restoring checkpoint %s.", self.step_dir(step))
+    return self.restore(abstract_state, step), step
+
+  def wait(self) -> None:
+    """Blocks until any asynchronous save has been committed (and re-raises its error)."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Completes pending saves and releases orbax's threads."""
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+  def __enter__(self) -> Checkpointer:
+    return self
+
+  def __exit__(self, *exc_info: object) -> None:
+    self.close()
+
+  def _log_leftovers(self) -> None:
+    """Names the temporary directories of saves cut short, so a user knows why they stay."""
+    if jax.process_index() != 0 or not self._directory.exists():
+      return
+    leftovers = sorted(p.name for p in self._directory.iterdir() if _TMP_TAG in p.name)
+    if leftovers:
+      logging.warning(
+        "Ignoring unfinished checkpoint saves in %s: %s.", self._directory, ", ".join(leftovers)
+      )
+
+  def _explain_failure(self, step: int, abstract_state: PyTree, error: Exception) -> Exception:
+    """Tells damaged files (drop the step) from a changed model or sharding (keep the files).
+
+    Only calls the files damaged when they fail to read back on their own terms, so a bug in
+    the requested state never leads to advice to delete a good checkpoint.
+    """
+    step_dir = self.step_dir(step)
+    cause = _first_line(error)
+    try:
+      stored_tree = self._stored_tree(step)
+    except Exception as metadata_error:  # Unreadable metadata is damage.
+      return self._corrupt(
+        step, f"{cause}; reading its metadata failed too: {_first_line(metadata_error)}"
+      )
+    diff = _describe_diff(_shapes_by_path(stored_tree), _shapes_by_path(abstract_state))
+    if diff:
+      return CheckpointMismatchError(
+        f"Checkpoint {step_dir} does not match the state being restored ({diff}). The model, "
+        "optimizer or config differs from the run that wrote it: resume with that run's "
+        "config, or start in a new workdir. Nothing was deleted."
+      )
+    try:  # Read every array into host memory, free of the requested dtypes and shardings.
+      host_target = jax.tree.map(
+        lambda m: np.empty(m.shape, getattr(m, "dtype", None) or np.float32), stored_tree
+      )
+      self._manager.restore(step, args=ocp.args.StandardRestore(host_target))
+    except Exception as read_error:
+      return self._corrupt(step, _first_line(read_error))
+    return CheckpointError(
+      f"Checkpoint {step_dir} is intact (it reads back in full and matches the state's tree and "
+      f"shapes) but cannot be restored as requested: {cause}. Check the dtypes and shardings of "
+      "the abstract state against the mesh. Nothing was deleted."
+    )
+
+  def _stored_tree(self, step: int) -> PyTree:
+    metadata = self._manager.item_metadata(step)
+    if metadata is None:
+      raise ValueError(f"orbax found no readable item {_ITEM!r}")
+    return getattr(metadata, "tree", metadata)
+
+  def _corrupt(self, step: int, cause: str) -> CorruptCheckpointError:
+    step_dir = self.step_dir(step)
+    older = [s for s in self.all_steps() if s < step]
+    if older:
+      fallback = f"To resume from the previous checkpoint (step {older[-1]})"
+    else:
+      fallback = "To start training from scratch (there is no older checkpoint)"
+    return CorruptCheckpointError(
+      f"Checkpoint {step_dir} (step {step}) is complete but cannot be read: its files are "
+      "damaged (e.g. truncated by a full disk or an interrupted copy). Nothing was deleted. "
+      f"{fallback}, delete the directory {step_dir} and restart. Cause: {cause}"
+    )
+
+
+def _first_line(error: Exception, limit: int = 300) -> str:
+  """The gist of an error; tensorstore's messages run to kilobytes of spec."""
+  text = str(error).strip().split("\n", 1)[0]
+  text = text if len(text) <= limit else text[:limit] + "..."
+  return f"{type(error).__name__}: {text}"
+
+
+def _key_name(key: Any) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def _shapes_by_path(tree: PyTree) -> dict[str, tuple[int, ...]]:
+  """Leaf shapes keyed by a container-agnostic path ("params/vit/w"), as orbax stores trees."""
+  shapes = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    shape = getattr(leaf, "shape", None)
+    if jax.dtypes.issubdtype(getattr(leaf, "dtype", np.float32), jax.dtypes.prng_key):
+      shape = jax.eval_shape(jax.random.key_data, leaf).shape  # Stored as its key data.
+    shapes["/".join(_key_name(k) for k in path)] = tuple(np.shape(leaf) if shape is None else shape)
+  return shapes
+
+
+def _describe_diff(stored: dict[str, tuple], wanted: dict[str, tuple], limit: int = 5) -> str:
+  """A short account of the paths and shapes that differ, or "" if none do."""
+  parts = []
+  missing = sorted(wanted.keys() - stored.keys())
+  extra = sorted(stored.keys() - wanted.keys())
+  reshaped = sorted(
+    f"{p}: stored {stored[p]} vs wanted {wanted[p]}"
+    for p in wanted.keys() & stored.keys()
+    if stored[p] != wanted[p]
+  )
+  for label, items in (
+    ("not in checkpoint", missing),
+    ("only in checkpoint", extra),
+    ("shape differs", reshaped),
+  ):
+    if items:
+      more = f", ... ({len(items)} in all)" if len(items) > limit else ""
+      parts.append(f"{label}: {', '.join(items[:limit])}{more}")
+  return "; ".join(parts)

@@ -1,0 +1,496 @@
+"""Training and evaluation batches from a tfds dataset or an image folder, reproducibly.
+
+The training stream is a pure function of (config, step): epoch e is a shuffle of the (subset)
+training examples seeded by (config.seed, e), identical on every process; every global batch is
+split into contiguous per-process blocks (process p gets rows [p*L, (p+1)*L)), so concatenating
+the processes' batches in process order gives exactly the batch a single-process run sees; each
+example's augmentation is keyed by (config.seed, e, example index) (see preprocess.py). Resuming at
+step k skips whole epochs arithmetically and only the first k mod steps_per_epoch batches of the
+current epoch, before any image is decoded.
+
+Evaluation sees every example once: process p reads a contiguous range of the split and pads with
+masked examples, and every process yields the same number of batches so collectives line up.
+
+Memory: with config.data.cache the decoded training subset is held in memory on every process
+(fine for CIFAR or small subsets). Without it, image folders read only each process's share of
+files, while tfds streams the subset's records on every process (shuffle buffer:
+config.data.shuffle_buffer records) and decodes only its share.
+
+Determinism: the order is fixed by (config.seed, epoch) and TensorFlow's shuffle algorithm, which
+also mixes in TF's global seed. Nothing here sets it; do not call tf.random.set_seed in the
+trainer (it would change the order, consistently across processes). Keep the TF version fixed
+within a run so that a resumed run sees the same order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+
+import jax
+import ml_collections
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vitboot_jax import preprocess
+
+# TensorFlow is only the input pipeline here: keep it off every accelerator so it never reserves
+# GPU memory that JAX needs. This fails harmlessly if TF has already initialised its devices.
+try:
+  tf.config.set_visible_devices([], "GPU")
+except (RuntimeError, ValueError):
+  pass
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+_AUTOTUNE = tf.data.AUTOTUNE
+_FOLDER_HINT = "point --config.data.dir at a folder with {split}/<class>/*.jpg (or .jpeg/.png)"
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  """Sizes the trainer needs before it sees any batch (schedules, logging, eval padding)."""
+
+  num_train_examples: int  # After config.data.train_fraction.
+  num_eval_examples: int
+  num_classes: int
+  steps_per_epoch: int  # num_train_examples // config.batch_size (the official drop_last).
+  class_names: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# The paper's subsets.
+
+
+def subset_indices(labels: np.ndarray, fraction: float) -> np.ndarray:
+  """Sorted indices of the official class-balanced subset (reference §5, `make_partial`).
+
+  Class c's examples, in the split's canonical order, are permuted with
+  `np.random.default_rng(seed=c)` and the first round(n_c * fraction) kept. The permutation does
+  not depend on `fraction`, so smaller subsets are nested in larger ones.
+  """
+  if not 0.0 < fraction <= 1.0:
+    raise ValueError(f"config.data.train_fraction={fraction} must be in (0, 1]")
+  labels = np.asarray(labels, np.int64)
+  if labels.size and labels.min() < 0:
+    raise ValueError(f"labels must be non-negative class indices, got {labels.min()}")
+  if fraction == 1.0:
+    return np.arange(labels.size, dtype=np.int64)
+  by_class = np.argsort(labels, kind="stable")  # Within a class: canonical order.
+  counts = np.bincount(labels)
+  keep = []
+  for c, members in enumerate(np.split(by_class, np.cumsum(counts)[:-1])):
+    order = np.random.default_rng(seed=c).permutation(len(members))
+    keep.append(members[order[: round(len(members) * fraction)]])
+  out = np.sort(np.concatenate(keep)) if keep else np.zeros([0], np.int64)
+  if out.size == 0:
+    raise ValueError(
+      f"config.data.train_fraction={fraction} leaves no training example; use a larger fraction"
+    )
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources. Both give examples as {"index", "ref", "label"} in the split's canonical order, where
+# "ref" is what `fetch` turns into a uint8 image (a file path or encoded bytes).
+
+
+class _FolderSource:
+  """root/<split>/<class>/*.{jpg,jpeg,png}; classes are the train split's sorted subfolders."""
+
+  cheap_refs = True  # Refs are paths: a full-size shuffle buffer costs almost nothing.
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.train_split = config.data.train_split
+    self.root = config.data.dir
+    if not self.root or not os.path.isdir(self.root):
+      raise FileNotFoundError(
+        f"config.data.dir={self.root!r} not found; "
+        + _FOLDER_HINT.format(split=config.data.train_split)
+      )
+    self.class_names = tuple(_class_folders(self.root, config.data.train_split, "train_split"))
+
+  def _listing(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+    return _list_folder(self.root, split, _field(split, self.train_split), self.class_names)
+
+  def labels(self, split: str) -> np.ndarray:
+    return self._listing(split)[1]
+
+  def count(self, split: str) -> int:
+    return len(self.labels(split))
+
+  def examples(self, split: str, indices: np.ndarray | None = None) -> tf.data.Dataset:
+    """The split, or the examples at sorted `indices`, as file paths (nothing is read)."""
+    paths, labels = self._listing(split)
+    index = np.arange(len(paths), dtype=np.int64)
+    if indices is not None:
+      index = index[indices]
+    return tf.data.Dataset.from_tensor_slices(
+      {"index": index, "ref": paths[index], "label": labels[index]}
+    )
+
+  def range_examples(self, split: str, start: int, stop: int) -> tf.data.Dataset:
+    """Examples [start, stop) of the split."""
+    return self.examples(split, np.arange(start, stop))
+
+  @staticmethod
+  def fetch(ref: tf.Tensor) -> tf.Tensor:
+    return preprocess.decode(tf.io.read_file(ref))
+
+
+class _TfdsSource:
+  """A prepared tfds dataset in config.data.dir; never downloads, never reads GCS."""
+
+  cheap_refs = False  # Refs are encoded images.
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.train_split = config.data.train_split
+    self.name = config.data.name
+    self.data_dir = config.data.dir
+    try:
+      self.builder = tfds.builder(self.name, data_dir=self.data_dir, try_gcs=False)
+    except tfds.core.registered.DatasetNotFoundError as e:
+      raise ValueError(
+        f"config.data.name={self.name!r} is neither a tfds dataset nor 'folder' "
+        "(for an image folder set --config.data.name=folder --config.data.dir=ROOT)"
+      ) from e
+    keys = self.builder.info.supervised_keys or ("image", "label")
+    self.image_key, self.label_key = keys[0], keys[1]
+    label_feature = self.builder.info.features[self.label_key]
+    self.class_names = tuple(label_feature.names)
+
+  def _read(self, split: str, field: str, decoders, **read_kwargs) -> tf.data.Dataset:
+    """Reads `split` in its stored order, turning tfds' errors into ones that name the fix."""
+    read_config = tfds.ReadConfig(interleave_cycle_length=1, **read_kwargs)
+    try:
+      return self.builder.as_dataset(
+        split=split, shuffle_files=False, decoders=decoders, read_config=read_config
+      )
+    except AssertionError as e:
+      if "could not find data" not in str(e):
+        raise
+      where = self.data_dir or "the tfds default data_dir ($TFDS_DATA_DIR or ~/tensorflow_datasets)"
+      raise FileNotFoundError(
+        f"tfds dataset {self.name!r} is not prepared in data_dir={where}; run "
+        f"`tfds build {self.name} --data_dir={self.data_dir or '<dir>'}` on a machine with "
+        "internet (or copy the prepared dataset there) and pass it as --config.data.dir"
+      ) from e
+    except (KeyError, ValueError) as e:
+      raise ValueError(f"config.data.{field}={split!r} cannot be read from {self.name}: {e}") from e
+
+  def _metadata_count(self, split: str) -> int | None:
+    try:
+      return int(self.builder.info.splits[split].num_examples)
+    except (KeyError, ValueError):  # No split metadata (e.g. tfds.testing.mock_data).
+      return None
+
+  def labels(self, split: str) -> np.ndarray:
+    """One pass over the labels only (images are not decoded); cached for data on disk."""
+    key = (self.name, self.data_dir, split)
+    if key in _LABEL_CACHE:
+      return _LABEL_CACHE[key]
+    decoders = tfds.decode.PartialDecoding({self.label_key: True})
+    ds = self._read(split, _field(split, self.train_split), decoders, try_autocache=False)
+    ds = ds.map(lambda ex: ex[self.label_key]).batch(65536)
+    labels = np.concatenate([np.zeros([0], np.int64), *ds.as_numpy_iterator()]).astype(np.int64)
+    if self.builder.is_prepared() and len(labels) == self._metadata_count(split):
+      _LABEL_CACHE[key] = labels
+    return labels
+
+  def count(self, split: str) -> int:
+    num = self._metadata_count(split)
+    return len(self.labels(split)) if num is None else num
+
+  def examples(self, split: str, indices: np.ndarray | None = None) -> tf.data.Dataset:
+    """The split, or the examples at sorted `indices`, found by one pass that decodes nothing."""
+    ds = self._read(split, _field(split, self.train_split), self._skip_image).enumerate()
+    if indices is not None:
+      keep = np.zeros([int(indices.max()) + 1 if indices.size else 0], bool)
+      keep[indices] = True
+      keep_t = tf.constant(keep)
+      ds = ds.take(keep.size).filter(lambda i, ex: tf.gather(keep_t, i))
+    return ds.map(self._to_example)
+
+  def range_examples(self, split: str, start: int, stop: int) -> tf.data.Dataset:
+    """Examples [start, stop) of the split; tfds reads only those records when it can."""
+    field = _field(split, self.train_split)
+    if "[" in split:  # Already a sub-split: tfds cannot slice it again.
+      ds = self._read(split, field, self._skip_image).enumerate().skip(start)
+    else:
+      ds = self._read(f"{split}[{start}:{stop}]", field, self._skip_image).enumerate(start)
+    return ds.take(stop - start).map(self._to_example)
+
+  @property
+  def _skip_image(self) -> dict:
+    return {self.image_key: tfds.decode.SkipDecoding()}
+
+  def _to_example(self, index: tf.Tensor, ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    return {"index": index, "ref": ex[self.image_key], "label": ex[self.label_key]}
+
+  @staticmethod
+  def fetch(ref: tf.Tensor) -> tf.Tensor:
+    return preprocess.decode(ref)
+
+
+def _field(split: str, train_split: str) -> str:
+  """The config field an error about `split` should name."""
+  return "train_split" if split == train_split else "eval_split"
+
+
+_LABEL_CACHE: dict[tuple, np.ndarray] = {}
+_LISTING_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _class_folders(root: str, split: str, field: str) -> list[str]:
+  split_dir = os.path.join(root, split)
+  if not os.path.isdir(split_dir):
+    raise FileNotFoundError(
+      f"config.data.dir={root!r} has no {split!r} folder (config.data.{field}={split!r}); "
+      + _FOLDER_HINT.format(split=split)
+    )
+  classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and e.name[0] != ".")
+  if not classes:
+    raise FileNotFoundError(
+      f"config.data.dir={root!r}: {split_dir} has no class subfolders; "
+      + _FOLDER_HINT.format(split=split)
+    )
+  return classes
+
+
+def _list_folder(
+  root: str, split: str, field: str, class_names: tuple[str, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+  """(paths, labels) in canonical order: classes sorted, then file names sorted."""
+  folders = _class_folders(root, split, field)
+  split_dir = os.path.join(root, split)
+  # Cached per directory state, so repeated calls (info, train, eval) list a big folder once.
+  key = (
+    root,
+    split,
+    class_names,
+    tuple(os.stat(os.path.join(split_dir, c)).st_mtime_ns for c in folders),
+  )
+  if key in _LISTING_CACHE:
+    return _LISTING_CACHE[key]
+  class_index = {name: i for i, name in enumerate(class_names)}
+  unknown = [c for c in folders if c not in class_index]
+  if unknown:
+    raise ValueError(
+      f"config.data.dir={root!r}: classes {unknown[:5]} in {split!r} are not in the "
+      f"{len(class_names)} training classes; the splits must use the same class folders"
+    )
+  paths, labels = [], []
+  for name in folders:
+    class_dir = os.path.join(split_dir, name)
+    files = sorted(
+      e.name
+      for e in os.scandir(class_dir)
+      if e.is_file() and e.name[0] != "." and e.name.lower().endswith(IMAGE_EXTENSIONS)
+    )
+    paths.extend(os.path.join(class_dir, f) for f in files)
+    labels.extend([class_index[name]] * len(files))
+  if not paths:
+    raise FileNotFoundError(
+      f"config.data.dir={root!r}: no images under {split_dir}/<class>/; "
+      + _FOLDER_HINT.format(split=split)
+    )
+  out = np.array(paths), np.array(labels, np.int64)
+  _LISTING_CACHE[key] = out
+  return out
+
+
+def _source(config: ml_collections.ConfigDict) -> _FolderSource | _TfdsSource:
+  """Opens config.data's source and checks its class count against config.data.num_classes."""
+  source = _FolderSource(config) if config.data.name == "folder" else _TfdsSource(config)
+  if len(source.class_names) != config.data.num_classes:
+    raise ValueError(
+      f"config.data.num_classes={config.data.num_classes} but the data "
+      f"({config.data.name}, {config.data.dir}) has {len(source.class_names)} classes; set "
+      f"--config.data.num_classes={len(source.class_names)}"
+    )
+  return source
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API.
+
+
+def _processes(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+  index = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if not 0 <= index < count:
+    raise ValueError(f"process_index={index} must be in [0, process_count={count})")
+  return index, count
+
+
+def _local_batch(global_batch: int, process_count: int, field: str) -> int:
+  if global_batch <= 0 or global_batch % process_count:
+    raise ValueError(
+      f"config.{field}={global_batch} is not a positive multiple of the {process_count} "
+      f"processes; use a multiple of {process_count}"
+    )
+  return global_batch // process_count
+
+
+def _options() -> tf.data.Options:
+  options = tf.data.Options()
+  options.deterministic = True  # Parallel maps keep their input order.
+  return options
+
+
+def split_labels(config: ml_collections.ConfigDict, split: str) -> np.ndarray:
+  """Labels of a split in canonical order, read without decoding any image."""
+  return _source(config).labels(split)
+
+
+def dataset_info(config: ml_collections.ConfigDict) -> DatasetInfo:
+  source = _source(config)
+  if config.data.train_fraction == 1.0:
+    num_train = source.count(config.data.train_split)
+  else:
+    labels = source.labels(config.data.train_split)
+    num_train = len(subset_indices(labels, config.data.train_fraction))
+  return DatasetInfo(
+    num_train_examples=num_train,
+    num_eval_examples=source.count(config.data.eval_split),
+    num_classes=len(source.class_names),
+    steps_per_epoch=num_train // config.batch_size,
+    class_names=source.class_names,
+  )
+
+
+def train_dataset(
+  config: ml_collections.ConfigDict,
+  *,
+  start_step: int = 0,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> tf.data.Dataset:
+  """The endless training stream of this process from `start_step` on, as a tf.data.Dataset."""
+  p, num_p = _processes(process_index, process_count)
+  local = _local_batch(config.batch_size, num_p, "batch_size")
+  glob = config.batch_size
+  if start_step < 0:
+    raise ValueError(f"start_step={start_step} must be >= 0")
+  source = _source(config)
+  split = config.data.train_split
+  if config.data.train_fraction == 1.0:
+    num = source.count(split)
+    base = source.examples(split)
+  else:
+    keep = subset_indices(source.labels(split), config.data.train_fraction)
+    num = len(keep)
+    base = source.examples(split, keep)
+  steps = num // glob
+  if steps == 0:
+    raise ValueError(
+      f"config.batch_size={glob} is larger than the {num} training examples "
+      f"(config.data.train_fraction={config.data.train_fraction}); use a smaller batch"
+    )
+  start_epoch, skip_steps = divmod(start_step, steps)
+
+  fetch = source.fetch
+  if config.data.cache:
+    base = base.map(
+      lambda ex: {**ex, "ref": fetch(ex["ref"])}, num_parallel_calls=_AUTOTUNE, deterministic=True
+    ).cache()
+  decoded = bool(config.data.cache)
+  buffer = num if (decoded or source.cheap_refs) else max(1, min(num, config.data.shuffle_buffer))
+  seed = int(config.seed)
+
+  def epoch(e: tf.Tensor) -> tf.data.Dataset:
+    shuffle_seed = tf.random.stateless_uniform(
+      [], preprocess.stream_key(seed, preprocess.SHUFFLE_STREAM, e), None, None, tf.int64
+    )
+    ds = base.shuffle(buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
+    skip = tf.where(tf.equal(e, start_epoch), tf.constant(skip_steps * glob, tf.int64), 0)
+    ds = ds.take(steps * glob).skip(skip)  # skip is a multiple of glob: row slots unchanged.
+    ds = ds.enumerate().filter(lambda j, ex: (j % glob) // local == p)
+    return ds.map(lambda j, ex: {**ex, "epoch": e})
+
+  train_fn = preprocess.make_train_fn(config)
+
+  def augment(ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    image = ex["ref"] if decoded else fetch(ex["ref"])
+    image = train_fn(image, preprocess.example_seed(seed, ex["epoch"], ex["index"]))
+    return {"image": image, "label": tf.cast(ex["label"], tf.int32)}
+
+  ds = tf.data.Dataset.counter(start_epoch).flat_map(epoch)
+  ds = ds.map(augment, num_parallel_calls=_AUTOTUNE, deterministic=True)
+  ds = ds.batch(local, drop_remainder=True).prefetch(_AUTOTUNE)
+  return ds.with_options(_options())
+
+
+def train_batches(
+  config: ml_collections.ConfigDict,
+  *,
+  start_step: int = 0,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
+  """{"image": float32 [B, S, S, 3], "label": int32 [B]}, B = batch_size // process_count.
+
+  With start_step=k, yields exactly what an uninterrupted run yields from step k on.
+  """
+  ds = train_dataset(
+    config, start_step=start_step, process_index=process_index, process_count=process_count
+  )
+  return iter(ds.as_numpy_iterator())
+
+
+def eval_dataset(
+  config: ml_collections.ConfigDict,
+  *,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> tf.data.Dataset:
+  """This process's share of the eval split, padded with masked examples (see eval_batches)."""
+  p, num_p = _processes(process_index, process_count)
+  local = _local_batch(config.data.eval_batch_size, num_p, "data.eval_batch_size")
+  source = _source(config)
+  split = config.data.eval_split
+  num = source.count(split)
+  start, stop = num * p // num_p, num * (p + 1) // num_p
+  largest_share = -(-num // num_p)
+  num_batches = max(1, -(-largest_share // local))
+  eval_fn = preprocess.make_eval_fn(config)
+  fetch = source.fetch
+  size = int(config.image_size)
+
+  def prepare(ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    return {
+      "image": eval_fn(fetch(ex["ref"])),
+      "label": tf.cast(ex["label"], tf.int32),
+      "mask": tf.constant(1.0, tf.float32),
+    }
+
+  padding = {
+    "image": tf.zeros([size, size, 3], tf.float32),
+    "label": tf.constant(0, tf.int32),
+    "mask": tf.constant(0.0, tf.float32),
+  }
+  padding_ds = tf.data.Dataset.from_tensors(padding).repeat()
+  if stop > start:
+    ds = source.range_examples(split, start, stop)
+    ds = ds.map(prepare, num_parallel_calls=_AUTOTUNE, deterministic=True)
+    ds = ds.concatenate(padding_ds)
+  else:  # More processes than examples: this one only pads.
+    ds = padding_ds
+  ds = ds.take(num_batches * local).batch(local, drop_remainder=True)
+  return ds.prefetch(_AUTOTUNE).with_options(_options())
+
+
+def eval_batches(
+  config: ml_collections.ConfigDict,
+  *,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
+  """{"image", "label", "mask"} batches of eval_batch_size // process_count; mask 0 = padding.
+
+  Every example of config.data.eval_split appears once across processes; every process yields
+  the same number of batches.
+  """
+  ds = eval_dataset(config, process_index=process_index, process_count=process_count)
+  return iter(ds.as_numpy_iterator())

@@ -1,0 +1,181 @@
+"""The run's outputs in its workdir: metrics.jsonl, TensorBoard events and JSON summaries.
+
+`metrics.jsonl` is the machine-readable record the tools read (one `{"step": N, ...}` object a
+line); TensorBoard gets the same scalars through clu. Only process 0 writes files, so a pod run
+leaves one copy. A run killed after its last checkpoint leaves lines that its resumed run will
+write again: `truncate_after(restored_step)` drops them first, so no step appears twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+from etils import epath
+
+try:
+  from clu import metric_writers
+except ModuleNotFoundError as _error:
+  if (_error.name or "").partition(".")[0] != "tensorboard":
+    raise
+  # TensorFlow >= 2.21 no longer pulls TensorBoard in, but clu's event writer needs it.
+  raise ModuleNotFoundError(
+    "vitboot_jax.metrics needs the `tensorboard` package: pip install tensorboard",
+    name="tensorboard",
+  ) from _error
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _is_local(path: epath.Path) -> bool:
+  return "://" not in os.fspath(path)
+
+
+def _atomic_write_text(path: epath.PathLike, text: str) -> None:
+  """Replaces `path` in one step, so a reader or a kill never sees a half-written file."""
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.tmp-{jax.process_index()}-{os.getpid()}")
+  if _is_local(path):
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  else:
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _append_text(path: epath.Path, text: str) -> None:
+  if _is_local(path):
+    with open(path, "a", encoding="utf-8") as f:
+      f.write(text)
+  else:  # Object stores cannot append: rewrite the (small) file.
+    old = path.read_text() if path.exists() else ""
+    _atomic_write_text(path, old + text)
+
+
+def _json_default(obj: Any) -> Any:
+  """Lets numpy/jax values and paths into JSON without the caller converting them."""
+  if hasattr(obj, "__array__"):
+    return np.asarray(obj).tolist()
+  if isinstance(obj, os.PathLike):
+    return os.fspath(obj)
+  raise TypeError(f"Object of type {type(obj).__name__} is not JSON serialisable: {obj!r}")
+
+
+def write_json(path: epath.PathLike, obj: Any) -> None:
+  """Writes `obj` as indented JSON, atomically (e.g. config.json, final.json).
+
+  Writes from whichever process calls it; call it on process 0 only in multi-host runs.
+  """
+  _atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _to_number(name: str, value: Any) -> int | float:
+  """A Python int or float from a Python, numpy or (replicated) jax scalar."""
+  array = np.asarray(value)
+  if array.size != 1:
+    raise ValueError(f"Metric {name!r} must be a scalar, got shape {array.shape}.")
+  if np.issubdtype(array.dtype, np.bool_) or np.issubdtype(array.dtype, np.integer):
+    return int(array.reshape(()))
+  if np.issubdtype(array.dtype, np.floating):
+    return float(array.reshape(()))
+  raise TypeError(f"Metric {name!r} must be a real number, got dtype {array.dtype}.")
+
+
+def _parse_lines(text: str, path: epath.Path) -> list[dict[str, Any]]:
+  """Records of a metrics.jsonl; a torn last line (a kill mid-write) is dropped."""
+  lines = text.splitlines()
+  records = []
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as error:
+      if number == len(lines) and not text.endswith("\n"):
+        logging.warning("Dropping the unfinished last line of %s: %r", path, line)
+        continue
+      raise ValueError(f"{path}:{number} is not valid JSON ({error}): {line!r}") from error
+  return records
+
+
+def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
+  """All records of `<workdir>/metrics.jsonl` in file order; [] if there is none yet."""
+  path = epath.Path(workdir) / METRICS_FILE
+  if not path.exists():
+    return []
+  return _parse_lines(path.read_text(), path)
+
+
+class MetricWriter:
+  """Writes scalars per step to metrics.jsonl and to TensorBoard event files in `workdir`."""
+
+  def __init__(self, workdir: epath.PathLike, *, asynchronous: bool = True):
+    """Opens the writers; only process 0 writes files, the others only log.
+
+    Args:
+      workdir: The run's directory; created if missing.
+      asynchronous: Write TensorBoard events from a background thread.
+    """
+    self._workdir = epath.Path(workdir)
+    self._path = self._workdir / METRICS_FILE
+    self._is_writer = jax.process_index() == 0
+    if self._is_writer:
+      self._workdir.mkdir(parents=True, exist_ok=True)
+    self._writer = metric_writers.create_default_writer(
+      os.fspath(self._workdir), just_logging=not self._is_writer, asynchronous=asynchronous
+    )
+
+  @property
+  def path(self) -> epath.Path:
+    return self._path
+
+  def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Records `scalars` (names to scalar numbers) at `step`; call it on every process."""
+    if "step" in scalars:
+      raise ValueError("'step' is reserved for the step number; rename that metric.")
+    values = {name: _to_number(name, value) for name, value in scalars.items()}
+    step = int(step)
+    if self._is_writer:
+      # NaN/Infinity are written as JSON's common extension; Python's json reads them back.
+      _append_text(self._path, json.dumps({"step": step, **values}) + "\n")
+    self._writer.write_scalars(step, values)
+
+  def truncate_after(self, step: int) -> int:
+    """Drops records with step > `step` (written after the checkpoint a run resumes from).
+
+    Call it at start-up with the restored step, or -1 when starting from scratch.
+    Returns the number of records dropped.
+    """
+    if not self._is_writer or not self._path.exists():
+      return 0
+    text = self._path.read_text()
+    records = _parse_lines(text, self._path)
+    kept = [r for r in records if r["step"] <= step]
+    torn = bool(text) and not text.endswith("\n")
+    if len(kept) != len(records) or torn:
+      _atomic_write_text(self._path, "".join(json.dumps(r) + "\n" for r in kept))
+      logging.info(
+        "Dropped %d records after step %d from %s.", len(records) - len(kept), step, self._path
+      )
+    return len(records) - len(kept)
+
+  def flush(self) -> None:
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
+
+  def __enter__(self) -> MetricWriter:
+    return self
+
+  def __exit__(self, *exc_info: object) -> None:
+    self.close()

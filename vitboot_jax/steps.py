@@ -1,0 +1,174 @@
+"""The training step of every mode as one pure function `train_step(state, batch)`.
+
+Every mode computes two gradient pytrees over the one parameter tree:
+  g_V = d L_vit / d params   (pulled back through the ViT's forward only)
+  g_A = d L_agent / d params (pulled back through the agent's forward only)
+Teachers are under stop_gradient, so L_vit reaches the agent's outputs not at all and vice versa.
+Each forward is differentiated once with its own `jax.vjp`, so the two gradients cost one
+backward pass of each model, not two passes of both.
+  vit / agent: one model, g = its gradient.
+  joint:  g_V lives on params["vit"], g_A on params["agent"]; g = g_V + g_A (each model updated
+          by its own loss, with global-batch gradients for both).
+  shared: params["agent"] holds only the agent's private weights and the agent reads
+          params["vit"]; on the tied entries g = (g_V + Align(g_A | g_V)) / 2, elsewhere each
+          leaf's own gradient (Algorithm 1); align="none" gives g_V + g_A, the gradient of the
+          summed losses (the official code).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from vitboot_jax import align as align_lib
+from vitboot_jax import losses, optim
+from vitboot_jax.models.build import ModelSet
+from vitboot_jax.state import TrainState
+
+Batch = dict[str, jax.Array]
+Metrics = dict[str, jax.Array]
+
+
+def _accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  return jnp.mean((jnp.argmax(logits, -1) == labels).astype(jnp.float32))
+
+
+def model_loss(
+  config: ml_collections.ConfigDict,
+  name: str,
+  outputs: dict[str, Any],
+  labels: jax.Array,
+  feature_weight: jax.Array,
+) -> tuple[jax.Array, Metrics]:
+  """The weighted loss of model `name` ("vit" or "agent") and its terms.
+
+  L_vit   = ce_vit CE + kd_vit KD(vit <- sg agent) + feature_vit w(t) sum_l feat_l(vit, sg agent)
+  L_agent = ce_agent CE + kd_agent KD(agent <- sg vit)
+  Terms whose weight is 0, or whose partner model is absent, are left out.
+  """
+  w = config.loss
+  other = "agent" if name == "vit" else "vit"
+  logits = outputs[name][0]
+  terms = {
+    f"ce_{name}": losses.cross_entropy(logits, labels),
+    f"top1_{name}": _accuracy(logits, labels),
+  }
+  total = w[f"ce_{name}"] * terms[f"ce_{name}"]
+  if other in outputs and w[f"kd_{name}"]:
+    terms[f"kd_{name}"] = losses.kd(logits, outputs[other][0], w.temperature)
+    total += w[f"kd_{name}"] * terms[f"kd_{name}"]
+  if other in outputs and name == "vit" and w.feature_vit:
+    feature, per_layer = losses.feature_losses(
+      outputs["vit"][1]["features"],
+      outputs["agent"][1]["features"],
+      formula=w.feature_loss,
+      adapt=w.adapt,
+    )
+    terms["feature"] = feature
+    terms.update({f"feature_{layer}": value for layer, value in enumerate(per_layer)})
+    total += w.feature_vit * feature_weight * feature
+  return total, terms
+
+
+def model_gradients(
+  config: ml_collections.ConfigDict,
+  models: ModelSet,
+  variables: dict[str, Any],
+  batch: Batch,
+  rng: jax.Array,
+  feature_weight: jax.Array,
+) -> tuple[dict[str, Any], dict[str, Any], Metrics]:
+  """({name: gradient of that model's loss w.r.t. all params}, new batch_stats, loss terms)."""
+  images, labels = batch["image"], batch["label"]
+  outputs, pullbacks, new_stats = {}, {}, dict(variables["batch_stats"])
+  for name in models.names:
+
+    def forward(params, name=name):
+      out, stats = models.apply(
+        {**variables, "params": params}, images, train=True, rng=rng, names=(name,)
+      )
+      return out[name], stats.get(name)
+
+    outputs[name], pullbacks[name], stats = jax.vjp(forward, variables["params"], has_aux=True)
+    if stats is not None:
+      new_stats[name] = stats
+
+  grads, terms = {}, {}
+  for name in models.names:
+    # The loss as a function of this model's own outputs; the partner's outputs are teachers.
+    def loss_of_own_output(own, name=name):
+      return model_loss(config, name, {**outputs, name: own}, labels, feature_weight)
+
+    (loss, model_terms), cotangent = jax.value_and_grad(loss_of_own_output, has_aux=True)(
+      outputs[name]
+    )
+    (grads[name],) = pullbacks[name](cotangent)
+    terms.update(model_terms)
+    terms[f"loss_{name}"] = loss
+  return grads, new_stats, terms
+
+
+def make_train_step(
+  config: ml_collections.ConfigDict,
+  models: ModelSet,
+  tx: optax.GradientTransformation,
+  schedule: Callable[[jax.Array], jax.Array],
+  steps_per_epoch: int,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+  """Returns the pure `train_step(state, batch) -> (state, metrics)`; jit it with donation."""
+  names = models.names
+
+  def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    weight = losses.feature_weight(
+      state.step, steps_per_epoch, config.num_epochs, per=config.loss.feature_decay
+    )
+    variables = {"params": state.params, "batch_stats": state.batch_stats}
+    grads, new_stats, terms = model_gradients(config, models, variables, batch, rng, weight)
+
+    metrics = {f"train/{k}": v for k, v in terms.items()}
+    if len(names) == 1:
+      grad = grads[names[0]]
+    elif models.shared:
+      grad, info = align_lib.combine(
+        grads["vit"],
+        grads["agent"],
+        models.shared_mask(state.params),
+        method=config.align,
+        granularity=config.align_granularity,
+      )
+      metrics["train/align_cosine"] = info["cosine"]
+      metrics["train/align_conflict"] = info["conflict"]
+      metrics["train/align_conflict_fraction"] = info["conflict_fraction"]
+    else:  # joint: each gradient lives on its own model's subtree.
+      grad = jax.tree.map(jnp.add, grads["vit"], grads["agent"])
+    for name in names:
+      metrics[f"train/grad_norm_{name}"] = optax.global_norm(grads[name])
+    metrics["train/grad_norm"] = optax.global_norm(grad)
+
+    updates, opt_state = tx.update(grad, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics["train/lr"] = schedule(state.step)
+    metrics["train/feature_weight"] = weight
+    new_state = state.replace(
+      step=state.step + 1, params=params, batch_stats=new_stats, opt_state=opt_state
+    )
+    return new_state, metrics
+
+  return train_step
+
+
+def make_optimizer(
+  config: ml_collections.ConfigDict, models: ModelSet, steps_per_epoch: int
+) -> tuple[optax.GradientTransformation, Callable[[jax.Array], jax.Array]]:
+  """The optimizer of a mode. Joint mode gives each model its own optimizer (and clipping)."""
+  tx, schedule = optim.make_optimizer(config.optim, steps_per_epoch, config.num_epochs)
+  if config.mode == "joint":
+    labels = lambda params: {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()}
+    tx = optax.multi_transform({name: tx for name in models.names}, labels)
+  return tx, schedule
