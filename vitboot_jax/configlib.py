@@ -162,6 +162,9 @@ def set_mode(c: ml_collections.ConfigDict, mode: str) -> None:
     c.loss.update(ce_vit=0.5, ce_agent=0.5, kd_vit=0.5, kd_agent=0.5, feature_vit=5.0)
   else:
     c.loss.update(ce_vit=1.0, ce_agent=1.0, kd_vit=0.0, kd_agent=0.0, feature_vit=0.0)
+  # The single-model worker's clipping works and the official ViT configs clip at 0.1 (CNN
+  # configs: none); in mutual runs the official clipping is a no-op (reference §4.2).
+  c.optim.clip_norm = 0.1 if mode == "vit" else 0.0
   if mode == "agent":
     # Standalone agents: MLP dropout 0.1 and no residual dropout (reference §2.1).
     c.agent.mlp_dropout = 0.1

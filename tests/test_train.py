@@ -1,0 +1,226 @@
+"""End-to-end training: outputs, resume after SIGKILL, 1 vs 8 devices, 2 processes, bad input."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TINY = str(REPO / "configs" / "tiny_test.py")
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+  """10 classes x (16 train, 4 test) random 32x32 PNGs: 10 steps per epoch at batch 16."""
+  import tensorflow as tf
+
+  root = tmp_path_factory.mktemp("folder")
+  rng = np.random.default_rng(0)
+  for split, n in (("train", 16), ("test", 4)):
+    for c in range(10):
+      d = root / split / f"class{c}"
+      d.mkdir(parents=True)
+      for i in range(n):
+        # A class-dependent colour so the models can learn something in a few steps.
+        img = rng.integers(0, 60, (32, 32, 3)) + np.array([c * 20, 255 - c * 20, 100])
+        png = tf.io.encode_png(np.clip(img, 0, 255).astype(np.uint8)).numpy()
+        (d / f"{i:03d}.png").write_bytes(png)
+  return root
+
+
+def _env(devices: int) -> dict[str, str]:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+  return env
+
+
+def _command(workdir, folder, *overrides, config=TINY):
+  return [
+    sys.executable,
+    "-m",
+    "vitboot_jax.main",
+    f"--config={config}",
+    f"--workdir={workdir}",
+    f"--config.data.dir={folder}",
+    "--config.num_epochs=3",
+    "--config.checkpoint_every_steps=4",
+    "--config.log_every_steps=1",
+    *overrides,
+  ]
+
+
+def _run(workdir, folder, *overrides, devices=1, config=TINY, timeout=600):
+  proc = subprocess.run(
+    _command(workdir, folder, *overrides, config=config),
+    env=_env(devices),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return proc
+
+
+def _metrics(workdir):
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train_losses(records):
+  return {r["step"]: r["train/loss_vit"] for r in records if "train/loss_vit" in r}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(image_folder, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  _run(workdir, image_folder)
+  return workdir
+
+
+def test_end_to_end_outputs(uninterrupted):
+  workdir = uninterrupted
+  for name in ("config.json", "metrics.jsonl", "final.json"):
+    assert (workdir / name).exists(), name
+  assert list(workdir.glob("events.out.tfevents*"))
+  final = json.loads((workdir / "final.json").read_text())
+  assert final["step"] == 30 and final["count"] == 40.0
+  for model in ("vit", "agent"):
+    assert 0.0 <= final[f"top1_{model}"] <= 1.0 and final[f"top5_{model}"] >= final[f"top1_{model}"]
+  records = _metrics(workdir)
+  steps = [r["step"] for r in records if "train/loss_vit" in r]
+  assert steps == list(range(1, 31))
+  evals = [r for r in records if "eval/top1_vit" in r]
+  assert [r["step"] for r in evals] == [10, 20, 30]  # Exact eval at the end of every epoch.
+  assert {"train/align_cosine", "train/feature_weight", "train/lr"} <= set(records[0])
+  # Per-epoch feature decay (official): 1, 1 - 1/3, 1 - 2/3.
+  weights = {r["step"]: r["train/feature_weight"] for r in records if "train/feature_weight" in r}
+  assert weights[1] == 1.0 and abs(weights[15] - 2 / 3) < 1e-6 and abs(weights[25] - 1 / 3) < 1e-6
+  checkpoints = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert checkpoints[-1] == 30 and len(checkpoints) <= 3
+
+
+def test_rerunning_a_finished_run_exits_at_once(uninterrupted, image_folder):
+  before = (uninterrupted / "metrics.jsonl").read_text()
+  proc = _run(uninterrupted, image_folder)
+  assert "already holds a finished run" in proc.stderr
+  assert (uninterrupted / "metrics.jsonl").read_text() == before
+
+
+def test_resume_after_sigkill_matches_uninterrupted(uninterrupted, image_folder, tmp_path):
+  workdir = tmp_path / "killed"
+  proc = subprocess.Popen(
+    _command(workdir, image_folder), env=_env(1), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL
+  )
+  deadline = time.time() + 300
+  ckpt_dir = workdir / "checkpoints"
+  # Kill it hard once a checkpoint past step 8 exists: mid-training, mid-epoch.
+  while time.time() < deadline and proc.poll() is None:
+    done = (
+      [int(p.name) for p in ckpt_dir.glob("*") if p.name.isdigit()] if ckpt_dir.exists() else []
+    )
+    if any(s >= 12 for s in done):
+      proc.send_signal(signal.SIGKILL)
+      break
+    time.sleep(0.05)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+  assert not (workdir / "final.json").exists()
+  _run(workdir, image_folder)
+  want = json.loads((uninterrupted / "final.json").read_text())
+  got = json.loads((workdir / "final.json").read_text())
+  for key in ("top1_vit", "top1_agent", "ce_vit", "ce_agent"):
+    assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+  # Same train losses at every step, no duplicated steps after the resume.
+  want_losses, got_losses = _train_losses(_metrics(uninterrupted)), _train_losses(_metrics(workdir))
+  assert sorted(got_losses) == list(range(1, 31))
+  for step, loss in want_losses.items():
+    assert got_losses[step] == pytest.approx(loss, rel=1e-5), step
+
+
+def _assert_same_train_losses(reference, records, steps):
+  want = {r["step"]: r for r in reference if "train/loss_vit" in r}
+  got = {r["step"]: r for r in records if "train/loss_vit" in r}
+  assert sorted(got) == list(steps)
+  for step in steps:
+    for key in ("train/loss_vit", "train/loss_agent", "train/ce_vit", "train/feature"):
+      assert got[step][key] == pytest.approx(want[step][key], rel=1e-4), (step, key)
+
+
+def test_eight_devices_match_one(uninterrupted, image_folder, tmp_path):
+  # The uninterrupted run used 1 device; the same first 3 steps on 8 devices.
+  _run(tmp_path / "eight", image_folder, "--config.total_steps=3", devices=8)
+  _assert_same_train_losses(_metrics(uninterrupted), _metrics(tmp_path / "eight"), range(1, 4))
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_train_and_agree(uninterrupted, image_folder, tmp_path):
+  port = _free_port()
+  procs = []
+  for pid in range(2):
+    cmd = _command(tmp_path / "run", image_folder, "--config.total_steps=3") + [
+      f"--coordinator_address=127.0.0.1:{port}",
+      "--num_processes=2",
+      f"--process_id={pid}",
+    ]
+    procs.append(
+      subprocess.Popen(
+        cmd, env=_env(2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+      )
+    )
+  finals = []
+  for pid, proc in enumerate(procs):
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    assert f"process {pid}/2, 2 local / 4 global devices" in err
+    line = next(x for x in err.splitlines() if "Finished: " in x)
+    finals.append(json.loads(line.split("Finished: ", 1)[1]))
+  for key in ("top1_vit", "top1_agent", "ce_vit", "ce_agent", "count"):
+    assert finals[0][key] == finals[1][key], key
+  assert finals[0]["count"] == 40.0  # Every test example exactly once over both processes.
+  # Process 0 wrote the metrics: the same losses as the single-process, single-device run.
+  _assert_same_train_losses(_metrics(uninterrupted), _metrics(tmp_path / "run"), range(1, 4))
+
+
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    ("--config.mode=bootstrap", "config.mode"),
+    ("--config.image_size=30", "config.image_size=30 is not divisible"),
+    ("--config.data.dir=/nonexistent/cifar", "config.data.dir"),
+    ("--config.data.train_fraction=1.5", "config.data.train_fraction"),
+    ("--config.batch_size=12", "config.batch_size=12 is not divisible by the 8 devices"),
+  ],
+)
+def test_bad_input_fails_fast_naming_the_field(override, message, tmp_path):
+  from vitboot_jax import train
+
+  sys.path.insert(0, str(REPO))
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location("tiny_test", TINY)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.data.dir = "/nonexistent/cifar"
+  key, value = override.removeprefix("--config.").split("=")
+  target = config
+  *groups, field = key.split(".")
+  for g in groups:
+    target = target[g]
+  target[field] = type(target[field])(value) if target[field] is not None else value
+  with pytest.raises((ValueError, FileNotFoundError), match=message.replace("(", r"\(")):
+    train.train_and_evaluate(config, str(tmp_path / "bad"))
+  assert not (tmp_path / "bad" / "checkpoints").exists()

@@ -1,0 +1,200 @@
+"""Training loop as a library: `train_and_evaluate(config, workdir)`.
+
+One call trains every model of `config.mode`, evaluates them exactly at the end of each epoch
+(or every `eval_every_steps`), checkpoints with orbax, and resumes from the newest complete
+checkpoint in `workdir` when called again. Outputs in `workdir`: config.json, metrics.jsonl,
+TensorBoard events, checkpoints/, final.json (final-epoch top-1/top-5 of every model, which is
+what the paper reports).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from etils import epath
+
+from vitboot_jax import (
+  checkpoint,
+  configlib,
+  evaluate,
+  input_pipeline,
+  metrics,
+  sharding,
+  steps,
+)
+from vitboot_jax.models.build import build_models
+from vitboot_jax.state import TrainState, create_state
+
+FINAL_FILE = "final.json"
+CONFIG_FILE = "config.json"
+
+
+def _total_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
+  total = steps_per_epoch * config.num_epochs
+  return min(total, config.total_steps) if config.total_steps > 0 else total
+
+
+def _check_same_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
+  """A workdir belongs to one config: refuse to resume it with different hyper-parameters."""
+  path = workdir / CONFIG_FILE
+  if not path.exists():
+    return
+  saved = json.loads(path.read_text())
+  current = json.loads(config.to_json_best_effort())
+  # Fields that may change between runs without changing the experiment.
+  volatile = {"log_every_steps", "checkpoint_every_steps", "keep_checkpoints", "eval_every_steps"}
+  changed = sorted(
+    k for k in set(saved) | set(current) if k not in volatile and saved.get(k) != current.get(k)
+  )
+  if changed:
+    raise ValueError(
+      f"{workdir} holds a run with a different config (fields: {changed}); use a new --workdir "
+      "or the original config to resume it"
+    )
+
+
+class _Progress:
+  """Logs step, epoch, img/s and ETA; throughput over the last reporting interval."""
+
+  def __init__(self, total_steps: int, steps_per_epoch: int, batch_size: int, start_step: int):
+    self.total, self.per_epoch, self.batch = total_steps, steps_per_epoch, batch_size
+    self.last_step, self.last_time = start_step, time.perf_counter()
+
+  def __call__(self, step: int, scalars: dict[str, float]) -> dict[str, float]:
+    now = time.perf_counter()
+    rate = (step - self.last_step) / max(now - self.last_time, 1e-9)
+    self.last_step, self.last_time = step, now
+    eta = (self.total - step) / max(rate, 1e-9)
+    shown = {k.split("/")[-1]: v for k, v in scalars.items() if "loss" in k or "top1" in k}
+    logging.info(
+      "step %d/%d epoch %.2f  %.1f img/s  ETA %s  %s",
+      step,
+      self.total,
+      step / self.per_epoch,
+      rate * self.batch,
+      time.strftime("%H:%M:%S", time.gmtime(eta)),
+      " ".join(f"{k}={v:.4f}" for k, v in sorted(shown.items())),
+    )
+    return {"train/img_per_s": rate * self.batch}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains and evaluates `config` in `workdir`; returns the final metrics (final.json)."""
+  configlib.validate(config, num_devices=jax.device_count())
+  workdir = epath.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  if (workdir / FINAL_FILE).exists():
+    final = json.loads((workdir / FINAL_FILE).read_text())
+    logging.info("%s already holds a finished run (%s); nothing to do.", workdir, FINAL_FILE)
+    return final
+  _check_same_config(workdir, config)
+
+  mesh = sharding.make_mesh()
+  info = input_pipeline.dataset_info(config)
+  if info.steps_per_epoch < 1:
+    raise ValueError(
+      f"config.batch_size={config.batch_size} is larger than the {info.num_train_examples} "
+      "training examples; lower it or raise config.data.train_fraction"
+    )
+  steps_per_epoch = info.steps_per_epoch
+  total_steps = _total_steps(config, steps_per_epoch)
+  models = build_models(config)
+  tx, schedule = steps.make_optimizer(config, models, steps_per_epoch)
+
+  # Sharded init: shapes first, then one jitted init that writes straight into the shardings.
+  image_shape = (config.image_size, config.image_size, 3)
+  init = functools.partial(create_state, models, tx, image_shape=image_shape)
+  rng = jax.random.key(config.seed)
+  abstract_state = jax.eval_shape(init, rng)
+  replicated = sharding.replicated(mesh)
+  state_sharding = jax.tree.map(lambda _: replicated, abstract_state)
+  abstract_state = jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sharding
+  )
+
+  ckpt = checkpoint.Checkpointer(
+    workdir, keep=config.keep_checkpoints, save_every_steps=config.checkpoint_every_steps
+  )
+  restored = ckpt.restore_latest(abstract_state)
+  if restored is None:
+    state: TrainState = jax.jit(init, out_shardings=state_sharding)(rng)
+    start_step = 0
+  else:
+    state, start_step = restored
+    logging.info("Resuming from the checkpoint of step %d in %s", start_step, ckpt.directory)
+
+  writer = metrics.MetricWriter(workdir)
+  writer.truncate_after(start_step if restored is not None else -1)
+  if jax.process_index() == 0:
+    metrics.write_json(workdir / CONFIG_FILE, json.loads(config.to_json_best_effort()))
+
+  train_step = jax.jit(
+    steps.make_train_step(config, models, tx, schedule, steps_per_epoch),
+    donate_argnums=0,
+    out_shardings=(state_sharding, replicated),
+  )
+  eval_step = jax.jit(evaluate.make_eval_step(models), out_shardings=replicated)
+
+  def run_eval(state: TrainState) -> dict[str, float]:
+    batches = (sharding.global_batch(b, mesh) for b in input_pipeline.eval_batches(config))
+    return evaluate.evaluate(eval_step, state.params, state.batch_stats, batches)
+
+  eval_every = config.eval_every_steps if config.eval_every_steps > 0 else steps_per_epoch
+  progress = _Progress(total_steps, steps_per_epoch, config.batch_size, start_step)
+  logging.info(
+    "Training %s (%s) for %d steps (%d per epoch, %d examples) on %d devices, %d processes",
+    "+".join(models.names),
+    config.mode,
+    total_steps,
+    steps_per_epoch,
+    info.num_train_examples,
+    jax.device_count(),
+    jax.process_count(),
+  )
+  train_start = time.perf_counter()
+  eval_metrics: dict[str, float] = {}
+  batches = input_pipeline.train_batches(config, start_step=start_step)
+  for step in range(start_step + 1, total_steps + 1):
+    state, step_metrics = train_step(state, sharding.global_batch(next(batches), mesh))
+    is_last = step == total_steps
+    if step % config.log_every_steps == 0 or is_last:
+      scalars = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+      scalars.update(progress(step, scalars))
+      if not np.isfinite(scalars["train/grad_norm"]):
+        raise FloatingPointError(f"non-finite gradient at step {step}: {scalars}")
+      writer.write(step, {"epoch": step / steps_per_epoch, **scalars})
+    if step % eval_every == 0 or is_last:
+      eval_metrics = run_eval(state)
+      writer.write(step, {"epoch": step / steps_per_epoch, **eval_metrics})
+      logging.info(
+        "eval step %d: %s",
+        step,
+        " ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items() if "top1" in k),
+      )
+    ckpt.save(step, state, force=is_last)
+  writer.flush()
+  ckpt.wait()
+
+  if not eval_metrics:  # Restarted at the very end (the last checkpoint was the final step).
+    eval_metrics = run_eval(state)
+  final = {
+    "step": int(jnp.asarray(state.step)),
+    "epochs": total_steps / steps_per_epoch,
+    "mode": config.mode,
+    "train_seconds_this_run": time.perf_counter() - train_start,
+    **{k.replace("eval/", ""): v for k, v in eval_metrics.items()},
+  }
+  if jax.process_index() == 0:
+    metrics.write_json(workdir / FINAL_FILE, final)
+  writer.close()
+  ckpt.close()
+  logging.info("Finished: %s", json.dumps(final))
+  return final
