@@ -32,6 +32,7 @@ def build_vit(config: ml_collections.ConfigDict, dtype: Any = jnp.float32) -> Vi
     ln_eps=m.ln_eps,
     init_scheme=m.init,
     dtype=dtype,
+    attention=m.attention,
   )
 
 

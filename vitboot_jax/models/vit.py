@@ -15,6 +15,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from vitboot_jax.models import common
+from vitboot_jax.models.entmax import entmax_bisect
+
+ATTENTIONS = ("softmax", "entmax")
 
 
 def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:
@@ -43,15 +46,24 @@ def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:
 
 
 class Attention(nn.Module):
-  """Multi-head self-attention with a fused [Q|K|V] projection."""
+  """Multi-head self-attention with a fused [Q|K|V] projection.
+
+  attention="entmax" is the paper's Sparse ViT (reference §1.6): alpha-entmax with one learnable
+  alpha per layer (`entmax_alpha`, init 1.5, shared by heads, not clamped) instead of softmax.
+  """
 
   num_heads: int
   dropout: float = 0.0
   init_scheme: str = "official"
   dtype: Any = jnp.float32
+  attention: str = "softmax"
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    if self.attention not in ATTENTIONS:
+      raise ValueError(
+        f"config.model.attention={self.attention!r} is unknown; choose one of {ATTENTIONS}"
+      )
     d = x.shape[-1]
     inits = _inits(self.init_scheme, d, 1)
     qkv = nn.Dense(
@@ -60,8 +72,12 @@ class Attention(nn.Module):
     q, k, v = einops.rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
     scale = (d // self.num_heads) ** -0.5
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * scale, k)
-    # Softmax in float32 even under bf16 compute: attention logits overflow bf16 easily.
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+    # Probabilities in float32 even under bf16 compute: attention logits overflow bf16 easily.
+    if self.attention == "entmax":
+      alpha = self.param("entmax_alpha", nn.initializers.constant(1.5), (), jnp.float32)
+      probs = entmax_bisect(logits.astype(jnp.float32), alpha, axis=-1).astype(self.dtype)
+    else:
+      probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
     probs = nn.Dropout(self.dropout)(probs, deterministic=not train)
     out = einops.rearrange(jnp.einsum("bhqk,bhkd->bhqd", probs, v), "b h n d -> b n (h d)")
     return nn.Dense(
@@ -97,12 +113,15 @@ class EncoderBlock(nn.Module):
   ln_eps: float = 1e-5
   init_scheme: str = "official"
   dtype: Any = jnp.float32
+  attention: str = "softmax"
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
     ln = lambda name: nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype, name=name)
     drop = lambda y: nn.Dropout(self.dropout)(y, deterministic=not train)
-    attn = Attention(self.num_heads, self.dropout, self.init_scheme, self.dtype, name="attn")
+    attn = Attention(
+      self.num_heads, self.dropout, self.init_scheme, self.dtype, self.attention, name="attn"
+    )
     x = x + drop(attn(ln("ln1")(x), train=train))
     mlp = Mlp(self.mlp_dim, self.dropout, self.init_scheme, self.dtype, name="mlp")
     return x + drop(mlp(ln("ln2")(x), train=train))
@@ -124,6 +143,7 @@ class ViT(nn.Module):
   ln_eps: float = 1e-5
   init_scheme: str = "official"
   dtype: Any = jnp.float32
+  attention: str = "softmax"  # "softmax" | "entmax" (the paper's Sparse ViT).
 
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool = False):
@@ -156,6 +176,7 @@ class ViT(nn.Module):
         self.ln_eps,
         self.init_scheme,
         self.dtype,
+        self.attention,
         name=f"block_{layer}",
       )(x, train=train)
       features.append(x)
