@@ -224,3 +224,34 @@ def test_bad_input_fails_fast_naming_the_field(override, message, tmp_path):
   with pytest.raises((ValueError, FileNotFoundError), match=message.replace("(", r"\(")):
     train.train_and_evaluate(config, str(tmp_path / "bad"))
   assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
+  """A tiny shared-mode run on a tfds dataset (tfds.testing.mock_data: no download, no files)."""
+  import functools
+  import importlib.util
+
+  import tensorflow_datasets as tfds
+
+  from vitboot_jax import checkpoint, train
+
+  # mock_data swaps in a fake filesystem (process-wide) while tfds builds a dataset; an orbax
+  # save running in a background thread at that moment would write into it. Save synchronously.
+  monkeypatch.setattr(
+    train.checkpoint, "Checkpointer", functools.partial(checkpoint.Checkpointer, async_save=False)
+  )
+
+  spec = importlib.util.spec_from_file_location("tiny_test", TINY)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config("data=cifar10")
+  config.num_epochs = 2  # 48 examples / batch 16: 3 steps per epoch, 6 in all; stop at 4.
+  config.total_steps = 4
+  config.checkpoint_every_steps = 2
+  with tfds.testing.mock_data(num_examples=48):
+    final = train.train_and_evaluate(config, str(tmp_path / "mock"))
+  assert final["step"] == 4 and final["count"] == 48.0
+  assert {"top1_vit", "top1_agent", "top5_vit", "top5_agent"} <= set(final)
+  records = _metrics(tmp_path / "mock")
+  assert [r["step"] for r in records if "train/loss_vit" in r] == [1, 2, 3, 4]
+  assert records[-1]["eval/count"] == 48.0
