@@ -26,6 +26,7 @@ def get_config(arg=None):
   configlib.set_vit(c, "vit_cpu")
   configlib.set_agent_stem(c, "small")
   configlib.set_mode(c, args.get("mode", "shared"))
+  configlib.apply_method_args(c, args)
   c.num_epochs = int(args.get("epochs", 10))
   c.checkpoint_every_steps = 200
   c.log_every_steps = 20

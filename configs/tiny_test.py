@@ -16,6 +16,7 @@ def get_config(arg=None):
   configlib.set_vit(c, "vit_tiny")
   configlib.set_agent_stem(c, "small")
   configlib.set_mode(c, args.get("mode", "shared"))
+  configlib.apply_method_args(c, args)
   c.batch_size = 16
   c.num_epochs = 1
   c.log_every_steps = 1

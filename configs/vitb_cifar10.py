@@ -1,6 +1,8 @@
 r"""ViT-B (the paper's 384/12 layers/6 heads, DeiT-S-like) on CIFAR-10, Table 1 "B" rows.
 
-Args: mode=shared|joint|vit|agent (default shared), agent=res_like|base (default res_like).
+Args: mode=shared|joint|vit|agent (default shared), agent=res_like|base (default res_like);
+method switches sam=1, attention=entmax, init=mimetic|impulse3|impulse5, drloc=LAMBDA,
+taps=centered (see configs/vits_cifar100.py).
 The 6-head CONV uses the official first-6 raster taps of the 3x3 window (taps=official); set
 --config.agent.taps=centered for the symmetric 6-tap window.
 
@@ -26,4 +28,5 @@ def get_config(arg=None):
   configlib.set_vit(c, "vit_b")
   configlib.set_agent_stem(c, args.get("agent", "res_like"))
   configlib.set_mode(c, args.get("mode", "shared"))
+  configlib.apply_method_args(c, args)
   return c

@@ -35,5 +35,6 @@ def get_config(arg=None):
   configlib.set_vit(c, args.get("vit", "vit_b"))
   configlib.set_agent_stem(c, args.get("agent", "res_like"))
   configlib.set_mode(c, args.get("mode", "shared"))
+  configlib.apply_method_args(c, args)
   c.checkpoint_every_steps = 2000
   return c

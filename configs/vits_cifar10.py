@@ -4,6 +4,8 @@ Args (comma-separated, e.g. `--config=configs/vits_cifar10.py:mode=joint,agent=b
   mode:  shared (default, "Ours-Shared"), joint ("Ours-Joint"), vit (ViT-S baseline),
          agent (Agent-S baseline).
   agent: res_like (default) or base (the ViT-like patch stem).
+  Method switches (any mode): sam=1 (SAM, rho 0.1), attention=entmax (the "Sparse" rows),
+  init=mimetic|impulse3|impulse5, drloc=LAMBDA, taps=centered.
 
 Command:
   python -m vitboot_jax.main --config=configs/vits_cifar10.py --workdir=workdirs/vits_c100
@@ -30,4 +32,5 @@ def get_config(arg=None):
   configlib.set_vit(c, "vit_s")
   configlib.set_agent_stem(c, args.get("agent", "res_like"))
   configlib.set_mode(c, args.get("mode", "shared"))
+  configlib.apply_method_args(c, args)
   return c

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import ml_collections
 
-MODES = ("vit", "agent", "joint", "shared")
+MODES = ("vit", "agent", "joint", "shared", "cnn")
 AGENT_STEMS = ("res_like", "patch", "small")
 TAPS = ("official", "centered")
 INITS = ("official", "standard")
+# Attention initialisers applied on top of the standard scheme (ViT only).
+ATTENTION_INITS = ("mimetic", "impulse3", "impulse5")
 
 # ViT shapes from the paper's Table 2 / the official yaml files. "vit_b" is the paper's ViT-B
 # (384/12/6, DeiT-S-like), not the standard ViT-B/16.
@@ -79,8 +81,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.mlp_dim = 1152
   c.model.dropout = 0.1
   c.model.ln_eps = 1e-5
-  c.model.init = "official"  # "official" | "standard"
-  c.model.attention = "softmax"
+  c.model.init = "official"  # "official" | "standard" | "mimetic" | "impulse3" | "impulse5"
+  c.model.attention = "softmax"  # "softmax" | "entmax" (the paper's "Sparse" rows)
+
+  # CNN baselines (mode "cnn"): "resnet50" | "efficientnet_b2".
+  c.cnn = ml_collections.ConfigDict()
+  c.cnn.name = "resnet50"
 
   c.agent = ml_collections.ConfigDict()
   c.agent.stem = "res_like"  # "res_like" | "patch" | "small" (32-px images)
@@ -100,6 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss = ml_collections.ConfigDict()
   c.loss.ce_vit = 0.5
   c.loss.ce_agent = 0.5
+  c.loss.ce_cnn = 1.0
   c.loss.kd_vit = 0.5
   c.loss.kd_agent = 0.5
   c.loss.feature_vit = 5.0
@@ -107,6 +114,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.feature_loss = "official"  # "official" (LN + MSE) | "paper" (Eq. 6)
   c.loss.adapt = "seq1d"  # "seq1d" (official 1-D pooling) | "pool2d" (Table 4's AP-2D)
   c.loss.feature_decay = "epoch"  # "epoch" (official, piecewise constant) | "step"
+
+  # DrLoc (dense relative localisation, Liu et al. 2021): weight = lambda; 0 disables.
+  c.drloc = ml_collections.ConfigDict()
+  c.drloc.weight = 0.0
+  c.drloc.models = ("vit",)  # Which models get the auxiliary task: "vit", "agent", "cnn".
+  c.drloc.variant = "l1"  # "l1" (DrLoc) | "ce" | "reg"
+  c.drloc.num_pairs = 64
+  c.drloc.use_abs = True  # |offset| targets (drloc); False: signed (drloc*)
+  c.drloc.normalize = "none"  # "none" (official code) | "code" | "paper"
+  c.drloc.pool = "auto"  # Pool ViT grids >= 14 to 7 as the paper; "none" keeps them.
+  c.drloc.hidden = 512
+  c.drloc.layer = -1  # Which block's output (last by default).
+
+  # SAM (Foret et al. 2021) around the optimizer; rho 0 disables. Official: rho 0.1.
+  c.sam = ml_collections.ConfigDict()
+  c.sam.rho = 0.0
 
   c.align = "pcgrad"  # "pcgrad" (Algorithm 1) | "none" (official summed gradients)
   c.align_granularity = "global"  # "global" | "per_leaf"
@@ -165,10 +188,37 @@ def set_mode(c: ml_collections.ConfigDict, mode: str) -> None:
   # The single-model worker's clipping works and the official ViT configs clip at 0.1 (CNN
   # configs: none); in mutual runs the official clipping is a no-op (reference §4.2).
   c.optim.clip_norm = 0.1 if mode == "vit" else 0.0
+  if mode == "cnn":
+    # The official CNN baselines: SGD lr 0.05, wd 5e-4, no momentum (torch default), cosine.
+    c.optim.update(name="sgd", lr=0.05, weight_decay=5e-4, momentum=0.0)
   if mode == "agent":
     # Standalone agents: MLP dropout 0.1 and no residual dropout (reference §2.1).
     c.agent.mlp_dropout = 0.1
     c.agent.residual_dropout = 0.0
+
+
+METHOD_ARGS = ("sam", "attention", "init", "drloc", "taps")
+
+
+def apply_method_args(c: ml_collections.ConfigDict, args: dict[str, str]) -> None:
+  """The method switches every paper config accepts as args (each one config field):
+
+  sam=RHO (sam=1 means the official rho 0.1), attention=entmax (the "Sparse" rows),
+  init=mimetic|impulse3|impulse5|standard, drloc=LAMBDA, taps=centered.
+  """
+  if "sam" in args:
+    rho = float(args["sam"])
+    c.sam.rho = 0.1 if rho == 1 else rho
+    if c.mode == "vit":
+      c.optim.clip_norm = 0.0  # The official SAM worker ignores clip_max_norm (reference §4.3).
+  if "attention" in args:
+    c.model.attention = args["attention"]
+  if "init" in args:
+    c.model.init = args["init"]
+  if "drloc" in args:
+    c.drloc.weight = float(args["drloc"])
+  if "taps" in args:
+    c.agent.taps = args["taps"]
 
 
 def parse_arg(arg: str | None) -> dict[str, str]:
@@ -193,10 +243,12 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     raise ValueError(f"config.agent.stem={c.agent.stem!r} is unknown; choose one of {AGENT_STEMS}")
   if c.agent.taps not in TAPS:
     raise ValueError(f"config.agent.taps={c.agent.taps!r} is unknown; choose one of {TAPS}")
-  for field in ("model.init", "agent.init"):
-    group, key = field.split(".")
-    if c[group][key] not in INITS:
-      raise ValueError(f"config.{field}={c[group][key]!r} is unknown; choose one of {INITS}")
+  if c.model.init not in INITS + ATTENTION_INITS:
+    raise ValueError(
+      f"config.model.init={c.model.init!r} is unknown; choose one of {INITS + ATTENTION_INITS}"
+    )
+  if c.agent.init not in INITS:
+    raise ValueError(f"config.agent.init={c.agent.init!r} is unknown; choose one of {INITS}")
   if c.image_size % c.model.patch_size:
     raise ValueError(
       f"config.image_size={c.image_size} is not divisible by config.model.patch_size="

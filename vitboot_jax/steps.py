@@ -52,8 +52,8 @@ def model_loss(
   Terms whose weight is 0, or whose partner model is absent, are left out.
   """
   w = config.loss
-  other = "agent" if name == "vit" else "vit"
-  logits = outputs[name][0]
+  other = {"vit": "agent", "agent": "vit"}.get(name)  # CNN baselines have no partner.
+  logits, extras = outputs[name]
   terms = {
     f"ce_{name}": losses.cross_entropy(logits, labels),
     f"top1_{name}": _accuracy(logits, labels),
@@ -72,6 +72,9 @@ def model_loss(
     terms["feature"] = feature
     terms.update({f"feature_{layer}": value for layer, value in enumerate(per_layer)})
     total += w.feature_vit * feature_weight * feature
+  if "drloc" in extras:
+    terms[f"drloc_{name}"] = extras["drloc"]
+    total += config.drloc.weight * extras["drloc"]
   return total, terms
 
 
@@ -92,7 +95,12 @@ def model_gradients(
       out, stats = models.apply(
         {**variables, "params": params}, images, train=True, rng=rng, names=(name,)
       )
-      return out[name], stats.get(name)
+      logits, extras = out[name]
+      if name in models.drloc:  # Part of the forward, so its head's gradient comes back too.
+        drloc_rng = jax.random.fold_in(rng, 1000 + models.names.index(name))
+        loss = models.drloc_loss(name, params, extras, drloc_rng, config.drloc)
+        extras = {**extras, "drloc": loss}
+      return (logits, extras), stats.get(name)
 
     outputs[name], pullbacks[name], stats = jax.vjp(forward, variables["params"], has_aux=True)
     if stats is not None:
@@ -123,14 +131,10 @@ def make_train_step(
   """Returns the pure `train_step(state, batch) -> (state, metrics)`; jit it with donation."""
   names = models.names
 
-  def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    weight = losses.feature_weight(
-      state.step, steps_per_epoch, config.num_epochs, per=config.loss.feature_decay
-    )
-    variables = {"params": state.params, "batch_stats": state.batch_stats}
+  def direction(params, batch_stats, batch, rng, weight):
+    """The update direction of the mode at `params`, the new BatchNorm stats and metrics."""
+    variables = {"params": params, "batch_stats": batch_stats}
     grads, new_stats, terms = model_gradients(config, models, variables, batch, rng, weight)
-
     metrics = {f"train/{k}": v for k, v in terms.items()}
     if len(names) == 1:
       grad = grads[names[0]]
@@ -138,7 +142,7 @@ def make_train_step(
       grad, info = align_lib.combine(
         grads["vit"],
         grads["agent"],
-        models.shared_mask(state.params),
+        models.shared_mask(params),
         method=config.align,
         granularity=config.align_granularity,
       )
@@ -150,6 +154,22 @@ def make_train_step(
     for name in names:
       metrics[f"train/grad_norm_{name}"] = optax.global_norm(grads[name])
     metrics["train/grad_norm"] = optax.global_norm(grad)
+    return grad, new_stats, metrics
+
+  def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    weight = losses.feature_weight(
+      state.step, steps_per_epoch, config.num_epochs, per=config.loss.feature_decay
+    )
+    grad, new_stats, metrics = direction(state.params, state.batch_stats, batch, rng, weight)
+    if config.sam.rho > 0:
+      # SAM: ascend to w + rho g/||g|| (global norm of the global-batch direction), take the
+      # mode's direction there, and apply it at w. BatchNorm statistics come from the first
+      # pass; the perturbed pass reuses the same dropout masks.
+      scale = config.sam.rho / (optax.global_norm(grad) + 1e-12)
+      perturbed = jax.tree.map(lambda p, g: p + scale * g.astype(p.dtype), state.params, grad)
+      grad, _, _ = direction(perturbed, state.batch_stats, batch, rng, weight)
+      metrics["train/sam_grad_norm"] = optax.global_norm(grad)
 
     updates, opt_state = tx.update(grad, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

@@ -126,6 +126,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   restored = ckpt.restore_latest(abstract_state)
   if restored is None:
     state: TrainState = jax.jit(init, out_shardings=state_sharding)(rng)
+    if models.attention_init:  # Mimetic / impulse: host-side rewrite of the attention weights.
+      params = models.post_init(state.params, jax.random.fold_in(rng, 1))
+      state = state.replace(params=jax.device_put(params, state_sharding.params))
     start_step = 0
   else:
     state, start_step = restored

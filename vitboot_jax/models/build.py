@@ -1,8 +1,9 @@
 """Builds the models of a config and applies them as one unit over one parameter tree.
 
-Variables are `{"params": {"vit": ..., "agent": ...}, "batch_stats": {"agent": ...}}` with only
-the models the mode trains. In shared mode the agent's apply reads `params["vit"]` directly, so
-gradients of the agent's loss land on the ViT's leaves without any copy.
+Variables are `{"params": {"vit": ..., "agent": ..., "drloc_vit": ...}, "batch_stats":
+{"agent": ...}}` with only the models the mode trains. In shared mode the agent's apply reads
+`params["vit"]` directly, so gradients of the agent's loss land on the ViT's leaves without any
+copy. Mode "cnn" trains one CNN baseline (ResNet-50 or EfficientNet-B2) under the name "cnn".
 """
 
 from __future__ import annotations
@@ -13,14 +14,24 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
+from flax import linen as nn
 
-from vitboot_jax import configlib
+from vitboot_jax import configlib, drloc
+from vitboot_jax.models import attention_init
 from vitboot_jax.models.agent import Agent
+from vitboot_jax.models.efficientnet import efficientnet_b2
+from vitboot_jax.models.resnet import resnet50
 from vitboot_jax.models.vit import ViT
+
+CNN_BASELINES = {"resnet50": resnet50, "efficientnet_b2": efficientnet_b2}
 
 
 def build_vit(config: ml_collections.ConfigDict, dtype: Any = jnp.float32) -> ViT:
   m = config.model
+  # Attention initialisers (mimetic, impulse) start from the standard scheme and then rewrite
+  # the attention weights on the host (ModelSet.post_init).
+  init = "standard" if m.init in attention_init.SCHEMES else m.init
   return ViT(
     num_classes=config.data.num_classes,
     patch_size=m.patch_size,
@@ -30,9 +41,9 @@ def build_vit(config: ml_collections.ConfigDict, dtype: Any = jnp.float32) -> Vi
     mlp_dim=m.mlp_dim,
     dropout=m.dropout,
     ln_eps=m.ln_eps,
-    init_scheme=m.init,
-    dtype=dtype,
+    init_scheme=init,
     attention=m.attention,
+    dtype=dtype,
   )
 
 
@@ -60,34 +71,86 @@ def build_agent(config: ml_collections.ConfigDict, *, shared: bool, dtype: Any =
   )
 
 
+def build_cnn(config: ml_collections.ConfigDict, dtype: Any = jnp.float32) -> nn.Module:
+  name = config.cnn.name
+  if name not in CNN_BASELINES:
+    raise ValueError(f"config.cnn.name={name!r} is unknown; choose one of {sorted(CNN_BASELINES)}")
+  return CNN_BASELINES[name](config.data.num_classes, dtype=dtype)
+
+
 @dataclasses.dataclass(frozen=True)
+class DrLocSetting:
+  """The DrLoc auxiliary task of one model: its head and the block whose output it reads."""
+
+  head: drloc.DrLocHead
+  layer: int
+  is_vit: bool
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class ModelSet:
-  """The models one mode trains; `names` is ("vit",), ("agent",) or ("vit", "agent")."""
+  """The models one mode trains, by name: "vit", "agent" or "cnn"."""
 
   mode: str
-  vit: ViT | None
-  agent: Agent | None
+  modules: dict[str, nn.Module]
+  drloc: dict[str, DrLocSetting] = dataclasses.field(default_factory=dict)
+  attention_init: str | None = None
+  token_grid: int = 0
 
   @property
   def names(self) -> tuple[str, ...]:
-    return tuple(n for n in ("vit", "agent") if getattr(self, n) is not None)
+    return tuple(self.modules)
+
+  @property
+  def vit(self) -> ViT | None:
+    return self.modules.get("vit")
+
+  @property
+  def agent(self) -> Agent | None:
+    return self.modules.get("agent")
 
   @property
   def shared(self) -> bool:
     return self.mode == "shared"
 
+  def _extra(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"vit_params": params["vit"]} if self.shared and name == "agent" else {}
+
   def init(self, rng: jax.Array, images: jax.Array) -> dict[str, Any]:
-    """Initial variables for a batch shaped like `images` (NHWC)."""
+    """Initial variables for a batch shaped like `images` (NHWC); traceable (jit/eval_shape)."""
     params, batch_stats = {}, {}
-    vit_rng, agent_rng = jax.random.split(rng)
-    if self.vit is not None:
-      params["vit"] = self.vit.init(vit_rng, images, train=False)["params"]
-    if self.agent is not None:
-      shared = params["vit"] if self.shared else None
-      variables = self.agent.init(agent_rng, images, train=False, vit_params=shared)
-      params["agent"] = variables.get("params", {})
-      batch_stats["agent"] = variables["batch_stats"]
+    rngs = dict(zip(self.names, jax.random.split(rng, len(self.names))))
+    for name, module in self.modules.items():
+      variables = module.init(rngs[name], images, train=False, **self._extra(name, params))
+      params[name] = variables.get("params", {})
+      if "batch_stats" in variables:
+        batch_stats[name] = variables["batch_stats"]
+    for name, setting in self.drloc.items():
+      outputs = jax.eval_shape(
+        lambda p, n=name: self.modules[n].apply(
+          {"params": p[n], **({"batch_stats": batch_stats[n]} if n in batch_stats else {})},
+          images,
+          train=False,
+          **self._extra(n, p),
+        ),
+        params,
+      )
+      width = outputs[1]["features"][setting.layer].shape[-1]
+      dummy = jnp.zeros((1, 1, width), jnp.float32)
+      params[f"drloc_{name}"] = setting.head.init(jax.random.fold_in(rngs[name], 1), dummy, dummy)[
+        "params"
+      ]
     return {"params": params, "batch_stats": batch_stats}
+
+  def post_init(self, params: dict[str, Any], rng: jax.Array) -> dict[str, Any]:
+    """Host-side initialisers that cannot run under jit (mimetic, impulse: SVDs, cached fits)."""
+    if self.attention_init is None:
+      return params
+    vit = jax.tree.map(np.asarray, jax.device_get(params["vit"]))
+    vit = attention_init.apply_init(
+      self.attention_init, vit, rng, num_heads=self.vit.num_heads, grid=self.token_grid
+    )
+    return {**params, "vit": jax.tree.map(jnp.asarray, vit)}
 
   def apply(
     self,
@@ -100,33 +163,45 @@ class ModelSet:
   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns ({name: (logits, out)}, new batch_stats): one forward of each model in `names`
     (default: all)."""
-    names = self.names if names is None else names
     params, batch_stats = variables["params"], variables.get("batch_stats", {})
     outputs, new_stats = {}, dict(batch_stats)
-    rngs = {}
-    if train and rng is not None:
-      vit_rng, agent_rng = jax.random.split(rng)
-      rngs = {"vit": {"dropout": vit_rng}, "agent": {"dropout": agent_rng}}
-    if "vit" in names:
-      outputs["vit"] = self.vit.apply(
-        {"params": params["vit"]}, images, train=train, rngs=rngs.get("vit")
-      )
-    if "agent" in names:
-      agent_vars = {"params": params["agent"], "batch_stats": batch_stats["agent"]}
-      shared = params["vit"] if self.shared else None
+    for name in self.names if names is None else names:
+      module = self.modules[name]
+      model_vars = {"params": params[name]}
+      if name in batch_stats:
+        model_vars["batch_stats"] = batch_stats[name]
+      kwargs = self._extra(name, params)
       if train:
-        outputs["agent"], mutated = self.agent.apply(
-          agent_vars,
-          images,
-          train=True,
-          vit_params=shared,
-          rngs=rngs.get("agent"),
-          mutable=["batch_stats"],
+        # Each model draws its own dropout masks, whichever subset of models is applied.
+        model_rng = jax.random.fold_in(rng, self.names.index(name)) if rng is not None else None
+        rngs = {"dropout": model_rng} if rng is not None else None
+        outputs[name], mutated = module.apply(
+          model_vars, images, train=True, rngs=rngs, mutable=["batch_stats"], **kwargs
         )
-        new_stats["agent"] = mutated["batch_stats"]
+        if "batch_stats" in mutated:
+          new_stats[name] = mutated["batch_stats"]
       else:
-        outputs["agent"] = self.agent.apply(agent_vars, images, train=False, vit_params=shared)
+        outputs[name] = module.apply(model_vars, images, train=False, **kwargs)
     return outputs, new_stats
+
+  def drloc_loss(
+    self, name: str, params: dict[str, Any], out: dict[str, Any], rng: jax.Array, cfg
+  ) -> jax.Array:
+    """L_drloc (before lambda) of model `name` from its forward's `out`."""
+    setting = self.drloc[name]
+    grid = out["features"][setting.layer]
+    if setting.is_vit:
+      grid = drloc.tokens_to_grid(grid)
+    grid = drloc.pool_grid(grid, cfg.pool)
+    return drloc.drloc_loss(
+      setting.head,
+      params[f"drloc_{name}"],
+      grid.astype(jnp.float32),
+      rng,
+      num_pairs=cfg.num_pairs,
+      use_abs=cfg.use_abs,
+      normalize=cfg.normalize,
+    )
 
   def shared_mask(self, params: dict[str, Any]) -> dict[str, Any]:
     """1.0 where both models read a parameter entry, 0.0 elsewhere (broadcastable per leaf).
@@ -138,23 +213,71 @@ class ModelSet:
 
     def mask_for(path, leaf):
       keys = [getattr(p, "key", None) for p in path]
+      off = jnp.zeros((1,) * leaf.ndim, jnp.float32)
       if not self.shared or keys[0] != "vit" or not str(keys[1]).startswith("block_"):
-        return jnp.zeros((1,) * leaf.ndim, jnp.float32)
+        return off
       if keys[2] == "mlp" or (keys[2] == "attn" and keys[3] == "out"):
         return jnp.ones((1,) * leaf.ndim, jnp.float32)
       if keys[2] == "attn" and keys[3] == "qkv" and keys[4] == "kernel":
         d = leaf.shape[0]
         return jnp.concatenate([jnp.zeros((1, 2 * d)), jnp.ones((1, d))], axis=1)
-      return jnp.zeros((1,) * leaf.ndim, jnp.float32)
+      return off
 
     return jax.tree_util.tree_map_with_path(mask_for, params)
 
 
+def _drloc_settings(
+  config: ml_collections.ConfigDict, modules: dict[str, nn.Module]
+) -> dict[str, DrLocSetting]:
+  cfg = config.drloc
+  if not cfg.weight:
+    return {}
+  settings = {}
+  for name in cfg.models:
+    if name not in modules:
+      raise ValueError(
+        f"config.drloc.models names {name!r}, which mode {config.mode!r} does not train; "
+        f"choose from {tuple(modules)}"
+      )
+    grid = None
+    if cfg.variant in ("ce", "reg"):  # Their class count depends on the pooled grid size.
+      images = jax.ShapeDtypeStruct((1, config.image_size, config.image_size, 3), jnp.float32)
+      feature = _feature_shape(modules, name, images, cfg.layer)
+      grid = drloc.pool_grid(jnp.zeros((1, feature[1], feature[2], 1)), cfg.pool).shape[1]
+    head = drloc.make_head(cfg.variant, grid, use_abs=cfg.use_abs, hidden=cfg.hidden)
+    settings[name] = DrLocSetting(head=head, layer=cfg.layer, is_vit=name == "vit")
+  return settings
+
+
+def _feature_shape(modules, name, images, layer) -> tuple[int, int, int]:
+  """(tokens or H, H, W) of a model's block output, from shapes only."""
+  probe = ModelSet(mode="probe", modules={n: modules[n] for n in ("vit", name) if n in modules})
+  variables = jax.eval_shape(probe.init, jax.random.key(0), images)
+  outputs = jax.eval_shape(lambda v: probe.apply(v, images, train=False)[0], variables)
+  shape = outputs[name][1]["features"][layer].shape
+  if len(shape) == 3:  # ViT tokens with cls.
+    side = int(round((shape[1] - 1) ** 0.5))
+    return shape[1], side, side
+  return shape[1] * shape[2], shape[1], shape[2]
+
+
 def build_models(config: ml_collections.ConfigDict) -> ModelSet:
-  """The models of `config.mode`: vit, agent, or both (joint: independent; shared: tied)."""
+  """The models of `config.mode`: vit, agent, both (joint: independent; shared: tied), or cnn."""
   configlib.validate(config)
   dtype = jnp.dtype(config.get("compute_dtype", "float32"))
   mode = config.mode
-  vit = build_vit(config, dtype) if mode in ("vit", "joint", "shared") else None
-  agent = build_agent(config, shared=mode == "shared", dtype=dtype) if mode != "vit" else None
-  return ModelSet(mode=mode, vit=vit, agent=agent)
+  modules: dict[str, nn.Module] = {}
+  if mode in ("vit", "joint", "shared"):
+    modules["vit"] = build_vit(config, dtype)
+  if mode in ("agent", "joint", "shared"):
+    modules["agent"] = build_agent(config, shared=mode == "shared", dtype=dtype)
+  if mode == "cnn":
+    modules["cnn"] = build_cnn(config, dtype)
+  scheme = config.model.init if config.model.init in attention_init.SCHEMES else None
+  return ModelSet(
+    mode=mode,
+    modules=modules,
+    drloc=_drloc_settings(config, modules),
+    attention_init=scheme if "vit" in modules else None,
+    token_grid=config.image_size // config.model.patch_size,
+  )

@@ -1,0 +1,266 @@
+"""The figure tool: PNG helpers, every figure of a fresh init and of a trained checkpoint."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from unittest import mock
+
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+from flax import linen as nn
+
+from configs import tiny_test
+from vitboot_jax.tools import visualize
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LAYERS = 2  # vit_tiny's depth.
+HEADS = 9
+TILE = 128  # 32-px images up-sampled x4 to visualize.MIN_TILE.
+PAD = visualize.PAD
+
+
+def _grid_shape(rows, cols, size=TILE, pad=PAD):
+  return (rows * (size + pad) + pad, cols * (size + pad) + pad, 3)
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+  """2 classes x 4 random 32x32 PNGs in train and test."""
+  root = tmp_path_factory.mktemp("folder")
+  rng = np.random.default_rng(0)
+  for split in ("train", "test"):
+    for c in range(2):
+      d = root / split / f"class{c}"
+      d.mkdir(parents=True)
+      for i in range(4):
+        img = rng.integers(0, 60, (32, 32, 3)) + np.array([c * 150, 100, 200 - c * 150])
+        (d / f"{i}.png").write_bytes(
+          tf.io.encode_png(np.clip(img, 0, 255).astype(np.uint8)).numpy()
+        )
+  return root
+
+
+def _config(folder, **model):
+  config = tiny_test.get_config("classes=2")
+  config.data.dir = str(folder)
+  config.batch_size = 8  # 8 training images; a multiple of the 8 test devices.
+  config.data.eval_batch_size = 8
+  config.model.update(model)
+  return config
+
+
+def _expected_files():
+  files = []
+  for layer in range(LAYERS):
+    files += [f"attention_layer{layer}.png", f"attention_heads_layer{layer}.png"]
+  files += [f"features_vit_layer{layer}.png" for layer in range(LAYERS)]
+  files += [f"features_agent_layer{layer}.png" for layer in range(LAYERS)]
+  return files
+
+
+def _decode(path):
+  return tf.io.decode_png(pathlib.Path(path).read_bytes()).numpy()
+
+
+@pytest.fixture(scope="module")
+def fresh(image_folder, tmp_path_factory):
+  """(out dir, result, variables) of one run on the fresh init; the init compiles once."""
+  out = tmp_path_factory.mktemp("fresh")
+  loaded = []
+
+  def spy(*args, **kwargs):
+    loaded.append(load(*args, **kwargs))
+    return loaded[-1]
+
+  load = visualize.load_variables
+  with mock.patch.object(visualize, "load_variables", spy):
+    result = visualize.run(_config(image_folder), str(out), num_images=2)
+  return out, result, loaded[0][0]
+
+
+@pytest.fixture(scope="module")
+def trained_run(image_folder, tmp_path_factory):
+  """A shared-mode run trained for 2 steps; its only checkpoint is the final one."""
+  from vitboot_jax import train
+
+  workdir = tmp_path_factory.mktemp("run")
+  config = _config(image_folder)
+  config.num_epochs = 2  # One step per epoch with 8 images at batch 8.
+  config.total_steps = 2
+  config.checkpoint_every_steps = 100  # Only the final (forced) save.
+  train.train_and_evaluate(config, str(workdir))
+  return config, workdir
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers.
+
+
+def test_colourise_maps_min_and_max_to_the_table_ends():
+  image = visualize.colourise(np.array([[0.0, 1.0], [2.0, 4.0]]))
+  assert image.shape == (2, 2, 3) and image.dtype == np.uint8
+  np.testing.assert_array_equal(image[0, 0], [68, 1, 84])
+  np.testing.assert_array_equal(image[1, 1], [253, 231, 37])
+  # A constant or NaN map is one colour, not a crash.
+  assert len(np.unique(visualize.colourise(np.full((3, 3), 5.0)).reshape(-1, 3), axis=0)) == 1
+  assert visualize.colourise(np.array([[np.nan, 1.0]])).dtype == np.uint8
+  with pytest.raises(ValueError, match="2-D"):
+    visualize.colourise(np.zeros((2, 2, 2)))
+
+
+def test_tile_and_upsample_shapes():
+  ims = [np.full((4, 6, 3), i, np.uint8) for i in range(5)]
+  grid = visualize.tile(ims, cols=2, pad=1)
+  assert grid.shape == (3 * 5 + 1, 2 * 7 + 1, 3)
+  np.testing.assert_array_equal(grid[1:5, 8:14], 1)  # Second tile of the first row.
+  assert grid[0, 0, 0] == 255 and grid[-2, -2, 0] == 255  # Frame and the empty sixth slot.
+  with pytest.raises(ValueError, match="one shape"):
+    visualize.tile([np.zeros((2, 2, 3), np.uint8), np.zeros((3, 2, 3), np.uint8)], cols=2)
+  up = visualize.upsample(np.arange(4).reshape(2, 2), 4, 6)
+  np.testing.assert_array_equal(up[:2, :3], 0)
+  np.testing.assert_array_equal(up[2:, 3:], 3)
+
+
+def test_save_png_round_trips(tmp_path):
+  image = np.random.default_rng(0).integers(0, 256, (5, 7, 3)).astype(np.uint8)
+  visualize.save_png(tmp_path / "x.png", image)
+  np.testing.assert_array_equal(_decode(tmp_path / "x.png"), image)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tool.
+
+
+def test_fresh_init_writes_every_figure(fresh):
+  out, result, _ = fresh
+  assert result.step is None
+  assert result.files == _expected_files()
+  index = json.loads((out / "index.json").read_text())
+  assert index["files"] == _expected_files() and index["step"] is None
+  assert index["images"] == ["test[0]", "test[1]"]
+  assert sorted(os.listdir(out)) == sorted([*_expected_files(), "index.json"])
+  for name in result.files:
+    image = _decode(out / name)
+    if name.startswith("attention_heads"):
+      assert image.shape == _grid_shape(2, visualize.HEAD_COLUMNS), name  # Input + 9 heads.
+    else:
+      assert image.shape == _grid_shape(2, 3), name  # 2 images x (input, map, overlay).
+    assert len(np.unique(image.reshape(-1, 3), axis=0)) > 10, name  # Not blank.
+
+
+def test_maps_have_the_models_shapes_and_attention_rows_sum_to_one(fresh):
+  _, result, _ = fresh
+  assert result.images.shape == (2, 32, 32, 3)
+  assert len(result.attention) == LAYERS
+  for probs in result.attention:
+    assert probs.shape == (2, HEADS, 17, 17)  # 4x4 patches + cls.
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
+    assert (probs >= 0).all()
+  assert [m.shape for m in result.vit_maps] == [(2, 4, 4)] * LAYERS
+  assert len(result.agent_maps) == LAYERS
+  assert all(m.ndim == 3 and m.shape[0] == 2 for m in result.agent_maps)
+
+
+def _captured_attention(config, variables, images):
+  """The model's own attention probabilities: the output of each attn's (identity) dropout."""
+  from vitboot_jax.models.build import build_models
+
+  vit = build_models(config).vit
+  _, state = vit.apply(
+    {"params": variables["params"]["vit"]},
+    images,
+    train=False,
+    capture_intermediates=lambda module, _: isinstance(module, nn.Dropout),
+    mutable=["intermediates"],
+  )
+  inter = state["intermediates"]
+  return [
+    np.asarray(inter[f"block_{i}"]["attn"]["Dropout_0"]["__call__"][0]) for i in range(LAYERS)
+  ]
+
+
+@pytest.mark.parametrize("attention", ["softmax", "entmax"])
+def test_attention_from_block_inputs_matches_the_forward(image_folder, fresh, attention):
+  config = visualize._inspection_config(_config(image_folder, attention=attention))
+  models = visualize.build_models(config)
+  variables = jax.tree.map(np.asarray, fresh[2])
+  if attention == "entmax":  # The softmax tree plus one alpha per layer, away from its init.
+    for i in range(LAYERS):
+      variables["params"]["vit"][f"block_{i}"]["attn"]["entmax_alpha"] = np.float32(1.3 + 0.4 * i)
+  images = np.random.default_rng(1).normal(size=(2, 32, 32, 3)).astype(np.float32)
+  ours, _, _ = visualize.compute_maps(config, models, variables, images)
+  for got, want in zip(ours, _captured_attention(config, variables, images)):
+    np.testing.assert_allclose(got, want, atol=2e-5)
+  if attention == "entmax":
+    assert (ours[0] == 0).any()  # Sparse, as entmax attention should be.
+
+
+def test_image_files_are_preprocessed_like_eval(image_folder, tmp_path):
+  files = []
+  for i, (h, w) in enumerate([(48, 40), (32, 32)]):
+    path = tmp_path / f"in{i}.png"
+    path.write_bytes(tf.io.encode_png(np.full((h, w, 3), 200, np.uint8)).numpy())
+    files.append(str(path))
+  images, names = visualize.load_images(_config(image_folder), 0, files)
+  assert names == files and images.shape == (2, 32, 32, 3)
+  mean, std = visualize.configlib.NORMALISATION["cifar10"]
+  np.testing.assert_allclose(
+    images[:, 5, 5], np.tile((200 / 255 - np.array(mean)) / std, (2, 1)), rtol=1e-5
+  )
+  np.testing.assert_array_equal(visualize.denormalise(_config(image_folder), images), 200)
+
+
+def test_workdir_without_checkpoints_is_an_error_and_left_untouched(image_folder, tmp_path):
+  with pytest.raises(FileNotFoundError, match="checkpoints"):
+    visualize.run(_config(image_folder), str(tmp_path / "out"), workdir=str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
+def test_loads_the_newest_checkpoint_of_a_run(trained_run, tmp_path, fresh):
+  config, workdir = trained_run
+  out = tmp_path / "out"
+  result = visualize.run(config, str(out), workdir=str(workdir), num_images=2)
+  assert result.step == 2
+  assert json.loads((out / "index.json").read_text())["step"] == 2
+  assert sorted(result.files) == sorted(_expected_files())
+  # Trained weights, not the init: the attention moved after two AdamW steps at lr 1e-3.
+  init = fresh[1]
+  assert not np.allclose(result.attention[0], init.attention[0], atol=1e-6)
+  np.testing.assert_allclose(result.attention[1].sum(-1), 1.0, atol=1e-5)
+
+
+def test_command_line_on_a_checkpoint(image_folder, trained_run, tmp_path):
+  """One device here (the run had 8): the restore must not depend on the saving mesh."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "vitboot_jax.tools.visualize",
+      f"--config={REPO / 'configs' / 'tiny_test.py'}:classes=2",
+      f"--config.data.dir={image_folder}",
+      "--config.data.eval_batch_size=8",
+      "--config.num_epochs=2",
+      "--config.total_steps=2",
+      "--config.batch_size=8",
+      "--config.checkpoint_every_steps=100",
+      f"--workdir={trained_run[1]}",
+      f"--out={tmp_path / 'cli'}",
+      "--num_images=1",
+    ],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  index = json.loads((tmp_path / "cli" / "index.json").read_text())
+  assert "checkpoint step 2" in proc.stdout
+  assert index["files"] == _expected_files() and index["images"] == ["test[0]"]
+  assert index["step"] == 2
+  assert _decode(tmp_path / "cli" / "attention_layer0.png").shape == _grid_shape(1, 3)

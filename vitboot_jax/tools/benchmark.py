@@ -1,0 +1,297 @@
+r"""Times the jitted train step of every mode of one config, back to back in one process.
+
+  python -m vitboot_jax.tools.benchmark --config=configs/vits_cifar100.py --batch 32 \
+    --steps 5 --warmup 2 [--modes vit,agent,joint,shared,shared_noalign] [--dtype bfloat16]
+
+Running all modes in one process on the same devices makes their ratios (shared vs ViT-only,
+Align vs no Align) meaningful even on a noisy machine. The step is jitted exactly as train.py
+does (donated state, replicated state and metrics, batch split over a mesh of every device) on
+a synthetic batch. Compilation and warm-up steps are timed apart; each timed step is blocked on
+and the median is reported.
+
+Output, one JSON object per line:
+  1. {"peak_matmul_flops_per_s", ...}: a measured matmul peak on the same devices (one matmul
+     per device), the denominator of MFU.
+  2. One line per mode: {"mode", "batch", "image_size", "img_per_s", "step_s", "compile_s",
+     "flops_per_step", "xla_flops_per_step", "flops_per_s", "mfu", "peak_mem_bytes",
+     "devices", ...}. flops_per_step is 2 x the matmul/conv MACs of the whole step's jaxpr
+     (forwards, backwards, Align; elementwise work is not counted). peak_mem_bytes is
+     argument + output - alias + temp of XLA's memory analysis (per device), null if absent.
+  3. {"summary": ...}: shared/ViT step-time and MACs ratios and the Align overhead (%).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from vitboot_jax import configlib, sharding
+from vitboot_jax import steps as step_lib
+from vitboot_jax.models import costs
+from vitboot_jax.models.build import build_models
+from vitboot_jax.state import create_state
+
+ALL_MODES = ("vit", "agent", "joint", "shared", "shared_noalign")
+# Feature-loss decay depends on the step's epoch; any plausible epoch length costs the same.
+_STEPS_PER_EPOCH = 1000
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=False)
+_BATCH = flags.DEFINE_integer("batch", 0, "Global batch size; 0 takes config.batch_size.")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per mode (the median is reported).")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+_MODES = flags.DEFINE_list("modes", list(ALL_MODES), f"Modes to time, from {ALL_MODES}.")
+_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Sets config.compute_dtype.")
+_PEAK_SIZE = flags.DEFINE_integer(
+  "peak_size", 0, "Side of the peak matmul; 0: 2048 on CPU, 8192 on accelerators."
+)
+flags.mark_flag_as_required("config")
+
+
+def _time_calls(call: Callable[[], Any], steps: int, warmup: int) -> list[float]:
+  """Wall times of `steps` blocked calls after `warmup` untimed ones."""
+  for _ in range(warmup):
+    jax.block_until_ready(call())
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def measure_peak(
+  mesh: jax.sharding.Mesh, *, size: int = 0, dtype: Any = jnp.float32, steps: int = 10
+) -> dict[str, Any]:
+  """Measured matmul FLOP/s of all devices: one `size`^2 matmul per device, median of `steps`.
+
+  A measured peak (not a datasheet one) is what this machine can actually deliver at this
+  precision, so MFU says how far the step is from it rather than from marketing numbers.
+  """
+  if size <= 0:
+    size = 2048 if jax.devices()[0].platform == "cpu" else 8192
+  n = mesh.size
+  spec = sharding.batch_sharded(mesh)
+  make = jax.jit(
+    lambda key: jax.random.normal(key, (n, size, size), dtype) / size**0.5, out_shardings=spec
+  )
+  a, b = make(jax.random.key(1)), make(jax.random.key(2))
+  matmul = jax.jit(lambda x, y: jnp.einsum("bij,bjk->bik", x, y), out_shardings=spec)
+  compiled = matmul.lower(a, b).compile()
+  step_s = statistics.median(_time_calls(lambda: compiled(a, b), max(steps, 3), warmup=2))
+  flops = 2.0 * n * size**3
+  return {
+    "peak_matmul_flops_per_s": flops / step_s,
+    "peak_matmul_size": size,
+    "peak_matmul_dtype": jnp.dtype(dtype).name,
+    "peak_matmul_s": step_s,
+    "devices": n,
+    "device_kind": jax.devices()[0].device_kind,
+  }
+
+
+def mode_config(
+  config: ml_collections.ConfigDict, mode: str, batch: int, dtype: str | None = None
+) -> ml_collections.ConfigDict:
+  """A copy of `config` set to `mode` ("shared_noalign": shared with align="none")."""
+  if mode not in ALL_MODES:
+    raise ValueError(f"mode {mode!r} is unknown; choose from {ALL_MODES}")
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    configlib.set_mode(c, "shared" if mode.startswith("shared") else mode)
+    if mode == "shared_noalign":
+      c.align = "none"
+    c.batch_size = batch
+    if dtype:
+      c.compute_dtype = dtype
+  configlib.validate(c, num_devices=jax.device_count())
+  return c
+
+
+def synthetic_batch(
+  config: ml_collections.ConfigDict, batch: int, mesh: jax.sharding.Mesh, seed: int = 0
+) -> dict[str, jax.Array]:
+  """Random NHWC float32 images and int32 labels, split over the mesh as training batches are."""
+  local = batch // jax.process_count()
+  rng = np.random.default_rng(seed + jax.process_index())
+  size = config.image_size
+  images = rng.standard_normal((local, size, size, 3), dtype=np.float32)
+  labels = rng.integers(0, config.data.num_classes, size=(local,), dtype=np.int32)
+  return sharding.global_batch({"image": images, "label": labels}, mesh)
+
+
+def _memory(compiled: Any) -> tuple[int | None, dict[str, int]]:
+  """(argument + output - alias + temp bytes, the raw fields), or (None, {}) if unsupported."""
+  try:
+    stats = compiled.memory_analysis()
+  except Exception:  # backends without memory analysis raise various errors.
+    return None, {}
+  if stats is None:
+    return None, {}
+  fields = {
+    k: int(getattr(stats, f"{k}_size_in_bytes", 0))
+    for k in ("argument", "output", "alias", "temp", "generated_code")
+  }
+  if hasattr(stats, "peak_memory_in_bytes"):
+    fields["xla_peak"] = int(stats.peak_memory_in_bytes)
+  # Donated state: outputs alias the arguments' buffers, so aliased bytes are counted once.
+  peak = fields["argument"] + fields["output"] - fields["alias"] + fields["temp"]
+  return peak, fields
+
+
+def _xla_flops(compiled: Any) -> float | None:
+  try:
+    analysis = compiled.cost_analysis()
+  except Exception:  # not every backend implements cost analysis.
+    return None
+  if isinstance(analysis, (list, tuple)):  # Older jax: one dict per partition.
+    analysis = analysis[0] if analysis else None
+  if not analysis or "flops" not in analysis:
+    return None
+  return float(analysis["flops"])
+
+
+def benchmark_mode(
+  config: ml_collections.ConfigDict,
+  mode: str,
+  mesh: jax.sharding.Mesh,
+  *,
+  batch: int,
+  steps: int,
+  warmup: int,
+  peak_flops_per_s: float,
+  dtype: str | None = None,
+) -> dict[str, Any]:
+  """One mode's step: built, initialised and jitted as train.py does, then timed."""
+  config = mode_config(config, mode, batch, dtype)
+  models = build_models(config)
+  tx, schedule = step_lib.make_optimizer(config, models, _STEPS_PER_EPOCH)
+  image_shape = (config.image_size, config.image_size, 3)
+  replicated = sharding.replicated(mesh)
+  init = functools.partial(create_state, models, tx, image_shape=image_shape)
+  rng = jax.random.key(config.seed)
+  state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init, rng))
+  state = jax.jit(init, out_shardings=state_sharding)(rng)
+  data = synthetic_batch(config, batch, mesh)
+
+  train_step = step_lib.make_train_step(config, models, tx, schedule, _STEPS_PER_EPOCH)
+  macs = costs.count_macs(train_step, state, data)
+  jitted = jax.jit(train_step, donate_argnums=0, out_shardings=(state_sharding, replicated))
+  start = time.perf_counter()
+  compiled = jitted.lower(state, data).compile()
+  compile_s = time.perf_counter() - start
+  peak_mem, mem_fields = _memory(compiled)
+
+  def call():
+    nonlocal state
+    state, metrics = compiled(state, data)
+    return state, metrics
+
+  times = _time_calls(call, steps, warmup)
+  step_s = statistics.median(times)
+  flops = 2 * macs
+  del state
+  return {
+    "mode": mode,
+    "batch": batch,
+    "image_size": config.image_size,
+    "img_per_s": batch / step_s,
+    "step_s": step_s,
+    "step_s_min": min(times),
+    "step_s_max": max(times),
+    "compile_s": compile_s,
+    "flops_per_step": flops,
+    "xla_flops_per_step": _xla_flops(compiled),
+    "flops_per_s": flops / step_s,
+    "mfu": flops / step_s / peak_flops_per_s,
+    "peak_mem_bytes": peak_mem,
+    "mem_bytes": mem_fields,
+    "compute_dtype": config.compute_dtype,
+    "devices": mesh.size,
+  }
+
+
+def summarise(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+  """Ratios the issue's targets are stated in; null where a mode was not run."""
+
+  def ratio(a: str, b: str, key: str) -> float | None:
+    if a in rows and b in rows and rows[b][key]:
+      return rows[a][key] / rows[b][key]
+    return None
+
+  overhead = ratio("shared", "shared_noalign", "step_s")
+  return {
+    "summary": True,
+    "step_ratio_shared_vit": ratio("shared", "vit", "step_s"),
+    "step_ratio_joint_vit": ratio("joint", "vit", "step_s"),
+    "align_overhead_pct": None if overhead is None else 100.0 * (overhead - 1.0),
+    "macs_ratio_shared_vit": ratio("shared", "vit", "flops_per_step"),
+    "mfu_shared": rows["shared"]["mfu"] if "shared" in rows else None,
+  }
+
+
+def run(
+  config: ml_collections.ConfigDict,
+  *,
+  batch: int,
+  steps: int,
+  warmup: int,
+  modes: Sequence[str] = ALL_MODES,
+  dtype: str | None = None,
+  peak_size: int = 0,
+  emit: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+  """Emits (and returns) the peak line, one line per mode and the summary line, as JSON."""
+  if steps < 1:
+    raise ValueError(f"--steps={steps} must be at least 1")
+  mesh = sharding.make_mesh()
+  peak_dtype = jnp.dtype(dtype or config.get("compute_dtype", "float32"))
+  peak = measure_peak(mesh, size=peak_size, dtype=peak_dtype, steps=max(steps, 10))
+  lines = [peak]
+  emit(json.dumps(peak))
+  rows = {}
+  for mode in modes:
+    rows[mode] = benchmark_mode(
+      config,
+      mode,
+      mesh,
+      batch=batch,
+      steps=steps,
+      warmup=warmup,
+      peak_flops_per_s=peak["peak_matmul_flops_per_s"],
+      dtype=dtype,
+    )
+    lines.append(rows[mode])
+    emit(json.dumps(rows[mode]))
+  lines.append(summarise(rows))
+  emit(json.dumps(lines[-1]))
+  return lines
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  config = _CONFIG.value
+  run(
+    config,
+    batch=_BATCH.value or config.batch_size,
+    steps=_STEPS.value,
+    warmup=_WARMUP.value,
+    modes=[m.strip() for m in _MODES.value if m.strip()],
+    dtype=_DTYPE.value,
+    peak_size=_PEAK_SIZE.value,
+    emit=functools.partial(print, flush=True),
+  )
+
+
+if __name__ == "__main__":
+  app.run(main)

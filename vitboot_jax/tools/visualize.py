@@ -1,0 +1,407 @@
+r"""Attention and feature-map figures of a run, as the paper's appendix (issue 5, item 6).
+
+  python -m vitboot_jax.tools.visualize --config=configs/quickstart.py --out=/tmp/vis \
+    --workdir=workdirs/quickstart --num_images=4
+  python -m vitboot_jax.tools.visualize --config=configs/quickstart.py --out=/tmp/vis \
+    --images=cat.png,dog.jpg          # Freshly initialised model (seeded by config.seed).
+
+Writes into --out, for every ViT block l: `attention_layer{l}.png` (per image: the input, the
+cls token's attention over the patch grid averaged over heads, and the two overlaid),
+`attention_heads_layer{l}.png` (the first image and each head's cls attention),
+`features_vit_layer{l}.png` and, for every agent block, `features_agent_layer{l}.png` (per image:
+input, the L2 norm over channels of the block output at each position, overlay); plus
+`index.json` naming the files. Every map is min-max normalised on its own and coloured with a
+viridis-like table. The attention is recomputed from each block's input (the previous block's
+output, or the embedded patches for block 0) with the block's own LN1 and Q/K weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
+from etils import epath
+from ml_collections import config_flags
+
+from vitboot_jax import checkpoint, configlib, input_pipeline, preprocess, steps
+from vitboot_jax.models.attention_init import attention_maps
+from vitboot_jax.models.build import ModelSet, build_models
+from vitboot_jax.models.entmax import entmax_bisect
+from vitboot_jax.state import TrainState, create_state
+
+INDEX_FILE = "index.json"
+# Smallest side of one tile in a figure: a 32-px image or a 4x4 token map is unreadable as is.
+MIN_TILE = 128
+HEAD_COLUMNS = 5
+PAD = 4
+
+# Viridis at 0, 1/4, 1/2, 3/4, 1; the 256-entry table interpolates linearly between them.
+_VIRIDIS_ANCHORS = np.array(
+  [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], np.float64
+)
+_COLOUR_TABLE = np.stack(
+  [
+    np.interp(np.linspace(0.0, 1.0, 256), np.linspace(0.0, 1.0, len(_VIRIDIS_ANCHORS)), channel)
+    for channel in _VIRIDIS_ANCHORS.T
+  ],
+  axis=-1,
+)
+_COLOUR_TABLE = np.round(_COLOUR_TABLE).astype(np.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# PNG helpers (numpy only).
+
+
+def normalise01(array2d: np.ndarray) -> np.ndarray:
+  """Min-max to [0, 1]; a constant (or non-finite) map becomes 0, not a division by zero."""
+  a = np.nan_to_num(np.asarray(array2d, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+  lo, hi = a.min(), a.max()
+  return (a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)
+
+
+def colourise(array2d: np.ndarray) -> np.ndarray:
+  """A 2-D map -> uint8 [H, W, 3], min-max normalised and coloured with the viridis-like table."""
+  array2d = np.asarray(array2d)
+  if array2d.ndim != 2:
+    raise ValueError(f"colourise takes a 2-D map, got shape {array2d.shape}")
+  index = np.round(normalise01(array2d) * 255).astype(np.int64)
+  return _COLOUR_TABLE[index]
+
+
+def upsample(image: np.ndarray, height: int, width: int) -> np.ndarray:
+  """Nearest-neighbour resize of [h, w, ...] to [height, width, ...], any ratio."""
+  rows = np.arange(height) * image.shape[0] // height
+  cols = np.arange(width) * image.shape[1] // width
+  return image[rows][:, cols]
+
+
+def tile(images: Sequence[np.ndarray], cols: int, pad: int = PAD, fill: int = 255) -> np.ndarray:
+  """Equal-sized uint8 [H, W, 3] images in a grid of `cols` columns, row by row.
+
+  `pad` pixels of `fill` separate the tiles and frame the grid, so the result is
+  [rows * (H + pad) + pad, cols * (W + pad) + pad, 3] with rows = ceil(len(images) / cols).
+  """
+  if not images:
+    raise ValueError("tile needs at least one image")
+  shapes = {np.shape(im) for im in images}
+  if len(shapes) != 1:
+    raise ValueError(f"tile needs images of one shape, got {sorted(shapes)}")
+  h, w, c = shapes.pop()
+  cols = max(1, min(cols, len(images)))
+  rows = math.ceil(len(images) / cols)
+  out = np.full((rows * (h + pad) + pad, cols * (w + pad) + pad, c), fill, np.uint8)
+  for i, im in enumerate(images):
+    top, left = pad + (i // cols) * (h + pad), pad + (i % cols) * (w + pad)
+    out[top : top + h, left : left + w] = im
+  return out
+
+
+def save_png(path: str | os.PathLike, image: np.ndarray) -> None:
+  """Writes uint8 [H, W, 3] as PNG through tf.io (local paths and gs:// alike)."""
+  image = np.asarray(image)
+  if image.dtype != np.uint8 or image.ndim != 3:
+    raise ValueError(f"save_png takes uint8 [H, W, C], got {image.dtype} {image.shape}")
+  with tf.io.gfile.GFile(os.fspath(path), "wb") as f:
+    f.write(tf.io.encode_png(image).numpy())
+
+
+# ---------------------------------------------------------------------------------------------
+# Model state and images.
+
+
+@dataclasses.dataclass
+class Visualisation:
+  """What `run` computed and wrote; the maps let callers check them without decoding PNGs."""
+
+  step: int | None  # The checkpoint's step, or None for a fresh initialisation.
+  files: list[str]  # Names (relative to the output directory) of the PNGs written.
+  image_names: list[str]  # Where each image came from (eval split index or file path).
+  images: np.ndarray  # float32 [B, S, S, 3], normalised as the model sees them.
+  attention: list[np.ndarray]  # Per ViT block: float32 [B, heads, 1+N, 1+N] probabilities.
+  vit_maps: list[np.ndarray]  # Per ViT block: float32 [B, k, k] token-feature L2 norms.
+  agent_maps: list[np.ndarray]  # Per agent block: float32 [B, h, w] feature L2 norms.
+
+
+def _inspection_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy that computes in float32: the figures are for reading, not for speed."""
+  config = config.copy_and_resolve_references()
+  config.compute_dtype = "float32"
+  return config
+
+
+def load_variables(
+  config: ml_collections.ConfigDict, models: ModelSet, workdir: str | None
+) -> tuple[dict[str, Any], int | None]:
+  """({"params", "batch_stats"}, step) of the newest checkpoint in `workdir`, or of a fresh init.
+
+  Both go through `create_state`, the trainer's own init, so a fresh init is exactly the
+  state training starts from and a checkpoint is read into the tree it was written from.
+  """
+  # The optimizer state's tree does not depend on the schedule's length, so one step per epoch
+  # is enough to describe it, and no dataset has to be opened for --images.
+  tx, _ = steps.make_optimizer(config, models, steps_per_epoch=1)
+  image_shape = (config.image_size, config.image_size, 3)
+  init = functools.partial(create_state, models, tx, image_shape=image_shape)
+  rng = jax.random.key(config.seed)
+  if workdir is None:
+    state: TrainState = jax.jit(init)(rng)
+    params = state.params
+    if getattr(models, "attention_init", None) is not None:  # Host-side attention init.
+      params = models.post_init(params, jax.random.fold_in(rng, 1))
+    return {"params": params, "batch_stats": state.batch_stats}, None
+  ckpt_dir = epath.Path(workdir) / checkpoint.CHECKPOINT_SUBDIR
+  if not ckpt_dir.exists():  # Checked first: the Checkpointer would create the directory.
+    raise FileNotFoundError(
+      f"--workdir={workdir} has no {checkpoint.CHECKPOINT_SUBDIR}/; train there first, or "
+      "leave --workdir out to look at the freshly initialised model"
+    )
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), jax.eval_shape(init, rng)
+  )
+  with checkpoint.Checkpointer(workdir, keep=None, async_save=False) as ckpt:
+    restored = ckpt.restore_latest(abstract)
+  if restored is None:
+    raise FileNotFoundError(f"{ckpt_dir} holds no complete checkpoint to visualise")
+  state, step = restored
+  return {"params": state.params, "batch_stats": state.batch_stats}, int(step)
+
+
+def load_images(
+  config: ml_collections.ConfigDict, num_images: int, image_files: Sequence[str] | None = None
+) -> tuple[np.ndarray, list[str]]:
+  """float32 [B, S, S, 3] normalised exactly as evaluation does, and a name per image.
+
+  Without `image_files`, the first `num_images` examples of config.data.eval_split.
+  """
+  if image_files:
+    eval_fn = preprocess.make_eval_fn(config)
+    images = [eval_fn(preprocess.decode(tf.io.read_file(path))).numpy() for path in image_files]
+    return np.stack(images).astype(np.float32), list(image_files)
+  if num_images < 1:
+    raise ValueError(f"--num_images={num_images} must be at least 1")
+  images = []
+  for batch in input_pipeline.eval_batches(config, process_index=0, process_count=1):
+    images.extend(batch["image"][batch["mask"] > 0])
+    if len(images) >= num_images:
+      break
+  if not images:
+    raise ValueError(f"config.data.eval_split={config.data.eval_split!r} has no images")
+  split = config.data.eval_split
+  names = [f"{split}[{i}]" for i in range(min(num_images, len(images)))]
+  return np.stack(images[:num_images]).astype(np.float32), names
+
+
+def denormalise(config: ml_collections.ConfigDict, images: np.ndarray) -> np.ndarray:
+  """Normalised float images -> uint8 RGB for display."""
+  mean, std = configlib.NORMALISATION[config.data.normalisation]
+  pixels = np.asarray(images) * np.asarray(std) + np.asarray(mean)
+  return np.round(np.clip(pixels, 0.0, 1.0) * 255).astype(np.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Maps.
+
+
+def embed_patches(vit_params: dict[str, Any], images: jax.Array, patch_size: int) -> jax.Array:
+  """Block 0's input [B, 1+N, D]: patch embedding, cls token first, plus position embedding.
+
+  Mirrors `ViT.__call__` up to the first block (row-major patches, as the model flattens them).
+  """
+  conv = vit_params["patch_embed"]
+  x = jax.lax.conv_general_dilated(
+    jnp.asarray(images, jnp.float32),
+    jnp.asarray(conv["kernel"], jnp.float32),
+    window_strides=(patch_size, patch_size),
+    padding="VALID",
+    dimension_numbers=("NHWC", "HWIO", "NHWC"),
+    precision=jax.lax.Precision.HIGHEST,
+  )
+  x = x + conv["bias"]
+  b, gh, gw, d = x.shape
+  x = x.reshape(b, gh * gw, d)
+  cls = jnp.broadcast_to(jnp.asarray(vit_params["cls"], jnp.float32), (b, 1, d))
+  return jnp.concatenate([cls, x], axis=1) + vit_params["pos_embed"]
+
+
+def block_attention(
+  vit_params: dict[str, Any], block_input: jax.Array, layer: int, config: ml_collections.ConfigDict
+) -> jax.Array:
+  """Block `layer`'s attention probabilities [B, heads, T, T] given its input tokens.
+
+  Entmax models: `attention_maps` gives the softmax of the same logits, whose log equals the
+  logits up to a per-row constant; alpha-entmax ignores such constants, so applying it to the
+  log gives the model's own sparse attention.
+  """
+  m = config.model
+  probs = attention_maps(vit_params, block_input, m.num_heads, layer, ln_eps=m.ln_eps)
+  if m.attention == "entmax":
+    alpha = vit_params[f"block_{layer}"]["attn"]["entmax_alpha"]
+    tiny = jnp.finfo(jnp.float32).tiny
+    probs = entmax_bisect(jnp.log(jnp.maximum(probs, tiny)), alpha, axis=-1)
+  return probs
+
+
+def _channel_norm(x: jax.Array) -> np.ndarray:
+  """L2 norm over the last (channel) axis; a plain channel mean of signed features cancels out."""
+  return np.asarray(jnp.linalg.norm(jnp.asarray(x, jnp.float32), axis=-1))
+
+
+def _tokens_to_grid(tokens: np.ndarray) -> np.ndarray:
+  """[..., N] patch values (row-major) -> [..., k, k]."""
+  side = math.isqrt(tokens.shape[-1])
+  if side * side != tokens.shape[-1]:
+    raise ValueError(f"{tokens.shape[-1]} tokens do not form a square grid")
+  return tokens.reshape(*tokens.shape[:-1], side, side)
+
+
+def compute_maps(
+  config: ml_collections.ConfigDict,
+  models: ModelSet,
+  variables: dict[str, Any],
+  images: np.ndarray,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+  """(attention per ViT block, ViT feature-norm grids, agent feature-norm maps)."""
+  names = tuple(n for n in ("vit", "agent") if n in models.names)
+  if not names:
+    raise ValueError(f"config.mode={config.mode!r} has neither a ViT nor an agent to visualise")
+  forward = jax.jit(lambda v, x: models.apply(v, x, train=False, names=names)[0])
+  outputs = forward(variables, jnp.asarray(images))
+  attention, vit_maps, agent_maps = [], [], []
+  if "vit" in outputs:
+    vit_params = variables["params"]["vit"]
+    features = outputs["vit"][1]["features"]
+    inputs = [embed_patches(vit_params, images, config.model.patch_size), *features[:-1]]
+    for layer, block_input in enumerate(inputs):
+      attention.append(np.asarray(block_attention(vit_params, block_input, layer, config)))
+    vit_maps = [_tokens_to_grid(_channel_norm(f[:, 1:])) for f in features]
+  if "agent" in outputs:
+    agent_maps = [_channel_norm(f) for f in outputs["agent"][1]["features"]]
+  return attention, vit_maps, agent_maps
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures.
+
+
+def _map_tile(map2d: np.ndarray, size: int) -> np.ndarray:
+  return upsample(colourise(map2d), size, size)
+
+
+def _overlay(image: np.ndarray, coloured: np.ndarray) -> np.ndarray:
+  return np.round(0.5 * image.astype(np.float32) + 0.5 * coloured).astype(np.uint8)
+
+
+def _rows(pictures: np.ndarray, maps: np.ndarray) -> np.ndarray:
+  """One row per image: the input, its map, the two blended; 3 columns."""
+  size = pictures.shape[1]
+  tiles = []
+  for picture, map2d in zip(pictures, maps):
+    coloured = _map_tile(map2d, size)
+    tiles += [picture, coloured, _overlay(picture, coloured)]
+  return tile(tiles, cols=3)
+
+
+def write_figures(
+  out_dir: str,
+  pictures: np.ndarray,
+  attention: list[np.ndarray],
+  vit_maps: list[np.ndarray],
+  agent_maps: list[np.ndarray],
+) -> list[str]:
+  """Writes every figure; `pictures` are the uint8 inputs already up-sampled to the tile size."""
+  size = pictures.shape[1]
+  files = []
+
+  def write(name: str, image: np.ndarray) -> None:
+    save_png(os.path.join(out_dir, name), image)
+    files.append(name)
+
+  for layer, probs in enumerate(attention):
+    cls_rows = _tokens_to_grid(probs[:, :, 0, 1:])  # [B, heads, k, k]
+    write(f"attention_layer{layer}.png", _rows(pictures, cls_rows.mean(axis=1)))
+    heads = [pictures[0], *(_map_tile(m, size) for m in cls_rows[0])]
+    write(f"attention_heads_layer{layer}.png", tile(heads, cols=HEAD_COLUMNS))
+  for layer, maps in enumerate(vit_maps):
+    write(f"features_vit_layer{layer}.png", _rows(pictures, maps))
+  for layer, maps in enumerate(agent_maps):
+    write(f"features_agent_layer{layer}.png", _rows(pictures, maps))
+  return files
+
+
+def run(
+  config: ml_collections.ConfigDict,
+  out_dir: str,
+  workdir: str | None = None,
+  num_images: int = 4,
+  image_files: Sequence[str] | None = None,
+) -> Visualisation:
+  """Loads the model (checkpoint or fresh init), computes the maps and writes the figures."""
+  config = _inspection_config(config)
+  models = build_models(config)
+  variables, step = load_variables(config, models, workdir)
+  images, image_names = load_images(config, num_images, image_files)
+  attention, vit_maps, agent_maps = compute_maps(config, models, variables, images)
+
+  scale = max(1, math.ceil(MIN_TILE / config.image_size))
+  size = config.image_size * scale
+  pictures = np.stack([upsample(p, size, size) for p in denormalise(config, images)])
+  tf.io.gfile.makedirs(out_dir)
+  files = write_figures(out_dir, pictures, attention, vit_maps, agent_maps)
+  index = {
+    "files": files,
+    "step": step,
+    "workdir": workdir,
+    "mode": config.mode,
+    "images": image_names,
+    "image_size": config.image_size,
+    "tile_size": size,
+  }
+  with tf.io.gfile.GFile(os.path.join(out_dir, INDEX_FILE), "w") as f:
+    f.write(json.dumps(index, indent=2) + "\n")
+  return Visualisation(
+    step=step,
+    files=files,
+    image_names=image_names,
+    images=images,
+    attention=attention,
+    vit_maps=vit_maps,
+    agent_maps=agent_maps,
+  )
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line.
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
+_OUT = flags.DEFINE_string("out", None, "Directory for the PNGs and index.json.")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Run directory whose newest checkpoint to load; default: fresh init."
+)
+_NUM_IMAGES = flags.DEFINE_integer("num_images", 4, "How many eval images to show.")
+_IMAGES = flags.DEFINE_list("images", None, "Image files to show instead of eval images.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  result = run(_CONFIG.value, _OUT.value, _WORKDIR.value, _NUM_IMAGES.value, _IMAGES.value)
+  source = "fresh init" if result.step is None else f"checkpoint step {result.step}"
+  print(f"Wrote {len(result.files)} figures ({source}) and {INDEX_FILE} to {_OUT.value}")
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "out"])
+  app.run(main)
