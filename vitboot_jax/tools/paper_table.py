@@ -19,12 +19,6 @@ import sys
 
 from absl import app, flags
 
-_TABLE = flags.DEFINE_enum("table", "cifar100", ["cifar10", "cifar100", "imagenet"], "Table.")
-_ROOT = flags.DEFINE_string("root", None, "Parent directory of the rows' workdirs.")
-_RUN = flags.DEFINE_bool("run", False, "Run the missing rows (sequentially) before reporting.")
-_OVERRIDES = flags.DEFINE_multi_string("override", [], "Extra flags for every run, e.g. data dir.")
-flags.mark_flag_as_required("root")
-
 
 @dataclasses.dataclass(frozen=True)
 class Row:
@@ -114,6 +108,25 @@ def report(table: str, root: pathlib.Path, overrides: list[str]) -> str:
   return "\n".join(lines)
 
 
+_TABLE = None
+_ROOT = None
+_RUN = None
+_OVERRIDES = None
+
+
+def define_flags() -> None:
+  """Defines this tool's flags; called only when it runs as a program, so several tools can be
+  imported into one process (tests) without their flag names colliding."""
+  global _TABLE, _ROOT, _RUN, _OVERRIDES
+  _TABLE = flags.DEFINE_enum("table", "cifar100", ["cifar10", "cifar100", "imagenet"], "Table.")
+  _ROOT = flags.DEFINE_string("root", None, "Parent directory of the rows' workdirs.")
+  _RUN = flags.DEFINE_bool("run", False, "Run the missing rows (sequentially) before reporting.")
+  _OVERRIDES = flags.DEFINE_multi_string(
+    "override", [], "Extra flags for every run, e.g. data dir."
+  )
+  flags.mark_flag_as_required("root")
+
+
 def main(argv):
   del argv
   root = pathlib.Path(_ROOT.value)
@@ -130,4 +143,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -22,8 +22,6 @@ from ml_collections import config_flags
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
-
 
 def summarise(config: ml_collections.ConfigDict) -> dict[str, dict[str, int]]:
   models = build_models(config)
@@ -50,6 +48,16 @@ def summarise(config: ml_collections.ConfigDict) -> dict[str, dict[str, int]]:
   return summary
 
 
+_CONFIG = None
+
+
+def define_flags() -> None:
+  """Defines this tool's flags; called only when it runs as a program, so several tools can be
+  imported into one process (tests) without their flag names colliding."""
+  global _CONFIG
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+
+
 def main(argv):
   del argv
   summary = summarise(_CONFIG.value)
@@ -62,4 +70,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

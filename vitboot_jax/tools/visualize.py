@@ -385,13 +385,25 @@ def run(
 # ---------------------------------------------------------------------------------------------
 # Command line.
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
-_OUT = flags.DEFINE_string("out", None, "Directory for the PNGs and index.json.")
-_WORKDIR = flags.DEFINE_string(
-  "workdir", None, "Run directory whose newest checkpoint to load; default: fresh init."
-)
-_NUM_IMAGES = flags.DEFINE_integer("num_images", 4, "How many eval images to show.")
-_IMAGES = flags.DEFINE_list("images", None, "Image files to show instead of eval images.")
+
+_CONFIG = None
+_OUT = None
+_WORKDIR = None
+_NUM_IMAGES = None
+_IMAGES = None
+
+
+def define_flags() -> None:
+  """Defines this tool's flags; called only when it runs as a program, so several tools can be
+  imported into one process (tests) without their flag names colliding."""
+  global _CONFIG, _OUT, _WORKDIR, _NUM_IMAGES, _IMAGES
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
+  _OUT = flags.DEFINE_string("out", None, "Directory for the PNGs and index.json.")
+  _WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Run directory whose newest checkpoint to load; default: fresh init."
+  )
+  _NUM_IMAGES = flags.DEFINE_integer("num_images", 4, "How many eval images to show.")
+  _IMAGES = flags.DEFINE_list("images", None, "Image files to show instead of eval images.")
 
 
 def main(argv):
