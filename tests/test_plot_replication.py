@@ -1,0 +1,269 @@
+"""The curve plot and the CPU replication runner, on fake workdirs (no training)."""
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import quickstart
+from vitboot_jax import configlib
+from vitboot_jax.tools import plot, replication
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+STEPS_PER_EPOCH = 10
+
+
+def _write_metrics(workdir, mode, epochs=3, log_every=2):
+  """A metrics.jsonl as train.py writes it: train lines every `log_every` steps, eval per epoch."""
+  workdir.mkdir(parents=True, exist_ok=True)
+  models = {"vit": ("vit",), "agent": ("agent",)}.get(mode, ("vit", "agent"))
+  rng = np.random.default_rng(0)
+  lines = []
+  for step in range(1, epochs * STEPS_PER_EPOCH + 1):
+    epoch = step / STEPS_PER_EPOCH
+    if step % log_every == 0:
+      train = {"step": step, "epoch": epoch, "train/lr": 1e-3, "train/grad_norm": 1.0}
+      for m in models:
+        train[f"train/loss_{m}"] = 2.0 / epoch + 0.1 * rng.random()
+        train[f"train/ce_{m}"] = 2.0 / epoch
+      if len(models) == 2:
+        train.update({"train/feature": 3.0 / epoch, "train/feature_weight": 1.0 - epoch / 10})
+        train.update({"train/kd_vit": 0.1, "train/kd_agent": 0.05})
+      if mode == "shared":
+        train["train/align_cosine"] = float(rng.normal(0.05, 0.1))
+        train["train/align_conflict"] = float(rng.random() < 0.3)
+      lines.append(train)
+    if step % STEPS_PER_EPOCH == 0:
+      evals = {"step": step, "epoch": epoch, "eval/count": 100.0}
+      for m in models:
+        evals[f"eval/top1_{m}"] = 0.1 + 0.1 * epoch
+        evals[f"eval/ce_{m}"] = 2.0 / epoch
+      lines.append(evals)
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def _write_final(workdir, top1, epochs=3.0, seconds=100.0, mode="vit"):
+  workdir.mkdir(parents=True, exist_ok=True)
+  final = {"step": 30, "epochs": epochs, "mode": mode, "count": 10000.0}
+  final["train_seconds_this_run"] = seconds
+  final.update({f"top1_{m}": v for m, v in top1.items()})
+  (workdir / "final.json").write_text(json.dumps(final))
+
+
+# ---------------------------------------------------------------------------------------------
+# plot
+
+
+def test_moving_average_is_trailing_and_skips_nan():
+  x = np.array([1.0, 3.0, 5.0, np.nan, 7.0])
+  np.testing.assert_allclose(plot.moving_average(x, 2), [1.0, 2.0, 4.0, 5.0, 7.0])
+  np.testing.assert_allclose(plot.moving_average(x[:3], 1), x[:3])
+  assert plot.moving_average(np.zeros(0), 5).size == 0
+
+
+def test_load_run_splits_train_and_eval(tmp_path):
+  _write_metrics(tmp_path / "run", "shared")
+  run = plot.load_run(tmp_path / "run")
+  assert run.label == "run" and len(run.eval) == 3 and len(run.train) == 15
+  x, y = plot.series(run.eval, "eval/top1_agent")
+  np.testing.assert_allclose(x, [1.0, 2.0, 3.0])
+  np.testing.assert_allclose(y, [0.2, 0.3, 0.4])
+
+
+def test_plot_writes_a_png(tmp_path):
+  pytest.importorskip("matplotlib")
+  tf = pytest.importorskip("tensorflow")
+  for mode in ("shared", "joint", "vit"):
+    _write_metrics(tmp_path / mode, mode)
+  out = tmp_path / "figs" / "curves.png"
+  workdirs = [str(tmp_path / m) for m in ("shared", "joint", "vit")]
+  assert plot.main(["--workdirs", *workdirs, "--out", str(out), "--labels", "s,j,v"]) == 0
+  image = tf.io.decode_png(out.read_bytes()).numpy()
+  rows, cols = plot.GRID
+  expected = (
+    round(rows * plot.PANEL_INCHES[1] * plot.DPI),
+    round(cols * plot.PANEL_INCHES[0] * plot.DPI),
+  )
+  assert image.shape[:2] == expected and image.shape[2] in (3, 4)
+  assert image[..., :3].std() > 10  # Something was drawn.
+
+
+def test_plot_checks_labels_and_empty_workdirs(tmp_path):
+  pytest.importorskip("matplotlib")
+  _write_metrics(tmp_path / "a", "vit")
+  with pytest.raises(ValueError, match="labels"):
+    plot.plot_runs([tmp_path / "a"], tmp_path / "x.png", labels=["a", "b"])
+  with pytest.raises(ValueError, match="metrics.jsonl"):
+    plot.plot_runs([tmp_path / "empty"], tmp_path / "x.png")
+
+
+def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+  with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[plot\]'"):
+    plot.plot_runs([tmp_path], tmp_path / "x.png")
+
+
+# ---------------------------------------------------------------------------------------------
+# replication
+
+
+def test_aggregate_mean_spread_and_missing_rows(tmp_path):
+  rows = {r.name: r for r in replication.ROWS}
+  _write_final(tmp_path / "vit_seed0", {"vit": 0.50}, seconds=100.0)
+  _write_final(tmp_path / "vit_seed1", {"vit": 0.54}, seconds=120.0)
+  _write_final(tmp_path / "shared_noalign_seed0", {"vit": 0.60, "agent": 0.70}, mode="shared")
+  _write_final(tmp_path / "shared_noalign_seed1", {"vit": 0.64, "agent": 0.66}, mode="shared")
+  _write_final(tmp_path / "joint_seed0", {"vit": 0.61, "agent": 0.62}, epochs=5.0, mode="joint")
+  (tmp_path / "agent_seed0").mkdir()  # Started, no final.json yet.
+
+  report = replication.build_report(tmp_path, replication.ROWS, [0, 1], 3, "/data")
+  by_name = {r["name"]: r for r in report["rows"]}
+  assert [r["name"] for r in report["rows"]] == list(rows)
+
+  vit = by_name["vit"]
+  assert vit["status"] == "done" and vit["seeds_done"] == [0, 1]
+  assert vit["top1_vit"]["mean"] == pytest.approx(52.0)
+  assert vit["top1_vit"]["std"] == pytest.approx(math.sqrt(8.0))  # Sample std of 50, 54.
+  assert (vit["top1_vit"]["min"], vit["top1_vit"]["max"]) == pytest.approx((50.0, 54.0))
+  assert vit["top1_agent"] is None and vit["train_seconds"] == pytest.approx(220.0)
+  assert vit["epochs"] == [3.0] and vit["epochs_match"]
+
+  shared = by_name["shared_noalign"]
+  assert shared["top1_vit"]["mean"] == pytest.approx(62.0)
+  assert shared["top1_agent"]["mean"] == pytest.approx(68.0)
+  assert shared["top1_agent"]["std"] == pytest.approx(math.sqrt(8.0))
+  assert shared["overrides"] == ["--config.align=none"]
+
+  joint = by_name["joint"]
+  assert joint["status"] == "partial (1/2 seeds)" and joint["top1_vit"]["std"] is None
+  assert not joint["epochs_match"]  # 5 epochs in a 3-epoch table.
+  assert by_name["agent"]["status"] == "incomplete"
+  assert (
+    by_name["vit_mimetic"]["status"] == "not run" and by_name["vit_mimetic"]["top1_vit"] is None
+  )
+  assert report["train_seconds"] == pytest.approx(220.0 + 200.0 + 100.0)
+
+  replication.write_report(tmp_path, report)
+  assert json.loads((tmp_path / "table.json").read_text())["rows"][0]["name"] == "vit"
+  table = (tmp_path / "table.md").read_text()
+  assert "| ViT alone | 52.00 ± 2.83 [50.00, 54.00] | — | done |" in table
+  assert "61.00 (1 seed)" in table and "(!)" in table
+  mimetic_line = next(line for line in table.splitlines() if "mimetic" in line)
+  assert "not run" in mimetic_line
+
+
+def test_plot_curves_over_first_seed(tmp_path):
+  pytest.importorskip("matplotlib")
+  _write_metrics(tmp_path / "shared_align_seed0", "shared")
+  _write_metrics(tmp_path / "vit_seed0", "vit")
+  _write_metrics(tmp_path / "vit_seed1", "vit")
+  out = replication.plot_curves(tmp_path, replication.ROWS, seed=0)
+  assert out == tmp_path / replication.CURVES and out.stat().st_size > 1000
+  assert replication.plot_curves(tmp_path, replication.ROWS, seed=7) is None
+
+
+def test_printed_commands(tmp_path):
+  root = tmp_path / "rep"
+  result = subprocess.run(
+    [sys.executable, "-m", "vitboot_jax.tools.replication", f"--root={root}", "--epochs=4"]
+    + ["--seeds=0,1", "--data_dir=/data/c10", "--override=--config.batch_size=32"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  commands = [line.split() for line in result.stdout.splitlines() if "vitboot_jax.main" in line]
+  assert len(commands) == 2 * len(replication.ROWS)
+  assert not root.exists()  # Without --run nothing is written.
+  by_workdir = {}
+  for cmd in commands:
+    flags = dict(arg.split("=", 1) for arg in cmd if arg.startswith("--"))
+    workdir = pathlib.Path(flags["--workdir"])
+    by_workdir[workdir.name] = (cmd, flags)
+    seed = workdir.name.rsplit("_seed", 1)[1]
+    assert workdir.parent == root
+    assert flags["--config.seed"] == seed and flags["--config.data.dir"] == "/data/c10"
+    assert flags["--config"].startswith("configs/quickstart.py:mode=")
+    assert flags["--config"].endswith(",epochs=4") and flags["--config.batch_size"] == "32"
+  assert set(by_workdir) == {f"{r.name}_seed{s}" for r in replication.ROWS for s in (0, 1)}
+  cmd, flags = by_workdir["shared_noalign_seed1"]
+  assert flags["--config.align"] == "none" and flags["--config"].endswith(":mode=shared,epochs=4")
+  assert by_workdir["shared_align_seed0"][1]["--config.align"] == "pcgrad"
+  assert by_workdir["vit_drloc_seed0"][1]["--config"].endswith(":mode=vit,drloc=0.1,epochs=4")
+  assert "init=impulse3" in by_workdir["vit_impulse_seed0"][1]["--config"]
+  assert "init=mimetic" in by_workdir["vit_mimetic_seed1"][1]["--config"]
+  assert by_workdir["shared_drloc_seed0"][1]["--config"].endswith(":mode=shared,drloc=0.1,epochs=4")
+  assert by_workdir["agent_seed0"][1]["--config"].endswith(":mode=agent,epochs=4")
+  assert "not run" in result.stdout
+
+
+def test_rows_flag_limits_the_commands_not_the_table(tmp_path):
+  result = subprocess.run(
+    [sys.executable, "-m", "vitboot_jax.tools.replication", f"--root={tmp_path}"]
+    + ["--seeds=3", "--rows=shared_noalign,vit"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  commands = [line for line in result.stdout.splitlines() if "vitboot_jax.main" in line]
+  assert [c.split("--workdir=")[1].split()[0] for c in commands] == [
+    str(tmp_path / "vit_seed3"),
+    str(tmp_path / "shared_noalign_seed3"),
+  ]
+  assert f"epochs={replication.DEFAULT_EPOCHS}" in commands[0]
+  table = json.loads((tmp_path / replication.TABLE_JSON).read_text())  # ROOT exists: written.
+  assert [r["name"] for r in table["rows"]] == list(replication.ROWS_BY_NAME)
+  assert {r["status"] for r in table["rows"]} == {"not run"} and table["seeds"] == [3]
+  lines = (tmp_path / replication.TABLE_MD).read_text().splitlines()
+  assert sum("| not run |" in line for line in lines) == len(replication.ROWS)
+
+
+def _row_config(row, seed=0, epochs=4):
+  """The config a row's command builds: quickstart args, then its --config.* flags."""
+  cmd = replication.command(row, "/root", seed, epochs, "/data")
+  config = quickstart.get_config(cmd[3].split(":", 1)[1])
+  for arg in cmd[5:]:
+    key, value = arg[len("--config.") :].split("=", 1)
+    old = config[key] if "." not in key else config[key.split(".")[0]][key.split(".")[1]]
+    config.update_from_flattened_dict({key: type(old)(value) if old is not None else value})
+  return config
+
+
+def _flatten(d, prefix=""):
+  out = {}
+  for k, v in d.items():
+    out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+  return out
+
+
+def test_rows_differ_only_in_method():
+  """Equal data, model, optimiser, epochs and seed in every row; only the method changes."""
+  allowed = {
+    "mode",
+    "align",
+    "drloc.weight",
+    "model.init",
+    "optim.clip_norm",  # set_mode: the ViT-alone worker clips at 0.1.
+    "agent.mlp_dropout",  # set_mode: the standalone agent's dropout.
+  }
+  reference = _flatten(_row_config(replication.ROWS_BY_NAME["shared_align"], seed=1).to_dict())
+  for row in replication.ROWS:
+    config = _row_config(row, seed=1)
+    configlib.validate(config)
+    assert config.num_epochs == 4 and config.seed == 1 and config.data.dir == "/data"
+    flat = _flatten(config.to_dict())
+    changed = {k for k in flat if flat[k] != reference[k] and not k.startswith("loss.")}
+    assert changed <= allowed, (row.name, changed - allowed)
+  assert _row_config(replication.ROWS_BY_NAME["shared_noalign"]).align == "none"
+  assert _row_config(replication.ROWS_BY_NAME["shared_drloc"]).drloc.weight == 0.1
+
+
+def test_select_rows():
+  assert [r.name for r in replication.select_rows(["joint", "vit"])] == ["vit", "joint"]
+  with pytest.raises(ValueError, match="unknown rows"):
+    replication.select_rows(["nope"])

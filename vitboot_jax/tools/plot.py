@@ -1,0 +1,279 @@
+r"""Training curves of one or more runs in one PNG, read from each workdir's metrics.jsonl.
+
+  python -m vitboot_jax.tools.plot --workdirs workdirs/vit workdirs/shared --out curves.png \
+    --labels vit,shared [--smooth 10]
+
+Panels (x axis: epochs):
+  * eval top-1 of every model of every run, the paper's Fig. 5: one colour per run, ViT solid,
+    agent dashed (CNN dotted);
+  * the feature-loss weight w(t) of mutual runs;
+  * training loss terms: loss_vit, loss_agent, feature, KD (kd_vit solid, kd_agent dashed);
+  * Align (shared runs only): the cosine between the two gradients on the shared weights and the
+    conflict rate (fraction of logged steps whose inner product is negative).
+Training curves are per-batch values logged every `log_every_steps`, so they are noisy: they are
+drawn as a trailing moving average over --smooth logged points (1 disables it); the feature
+weight is piecewise constant and drawn as is. A panel no run has data for says so.
+
+matplotlib is an optional dependency (`pip install -e '.[plot]'`); it is imported only when a
+figure is drawn, through the non-interactive Agg canvas, so no display is needed and pyplot's
+global state is never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from vitboot_jax import metrics
+
+MODEL_STYLES = {"vit": "-", "agent": "--", "cnn": ":"}
+MODEL_LABELS = {"vit": "ViT", "agent": "agent", "cnn": "CNN"}
+DEFAULT_SMOOTH = 10
+# (row, col) grid of the figure and the size of one panel in inches.
+GRID = (4, 2)
+PANEL_INCHES = (6.0, 3.4)
+DPI = 100
+INSTALL_HINT = "pip install -e '.[plot]'"
+
+
+@dataclasses.dataclass
+class Run:
+  """The logged curves of one workdir, split into training and evaluation records."""
+
+  label: str
+  workdir: pathlib.Path
+  train: list[dict[str, Any]]
+  eval: list[dict[str, Any]]
+
+
+def load_run(workdir: str | pathlib.Path, label: str | None = None) -> Run:
+  """Reads `<workdir>/metrics.jsonl`; eval and train scalars are logged as separate lines."""
+  workdir = pathlib.Path(workdir)
+  records = metrics.read_metrics(workdir)
+  train = [r for r in records if any(k.startswith("train/") for k in r)]
+  evals = [r for r in records if any(k.startswith("eval/") for k in r)]
+  return Run(label or workdir.name, workdir, train, evals)
+
+
+def series(records: Sequence[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+  """(epochs, values) of `key` over the records that hold it, in step order.
+
+  Records without an "epoch" field (older logs) fall back to the step number.
+  """
+  points = sorted(
+    (r["step"], r.get("epoch", r["step"]), r[key])
+    for r in records
+    if key in r and r[key] is not None
+  )
+  if not points:
+    return np.zeros(0), np.zeros(0)
+  _, x, y = zip(*points)
+  return np.asarray(x, np.float64), np.asarray(y, np.float64)
+
+
+def moving_average(values: np.ndarray, window: int) -> np.ndarray:
+  """Trailing mean over the last `window` points (fewer at the start); same length as input.
+
+  Non-finite values are left out of the mean, so one NaN step does not blank a whole window.
+  """
+  values = np.asarray(values, np.float64)
+  if window <= 1 or values.size == 0:
+    return values
+  finite = np.isfinite(values)
+  sums = np.concatenate([[0.0], np.cumsum(np.where(finite, values, 0.0))])
+  counts = np.concatenate([[0], np.cumsum(finite)])
+  end = np.arange(1, values.size + 1)
+  start = np.maximum(end - window, 0)
+  count = counts[end] - counts[start]
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return np.where(count > 0, (sums[end] - sums[start]) / np.maximum(count, 1), np.nan)
+
+
+def _matplotlib():
+  """(Figure, FigureCanvasAgg, Line2D), or an error that says how to install matplotlib."""
+  try:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+  except ModuleNotFoundError as error:
+    if (error.name or "").partition(".")[0] != "matplotlib":
+      raise
+    raise ModuleNotFoundError(
+      f"vitboot_jax.tools.plot needs matplotlib, an optional dependency: {INSTALL_HINT}",
+      name="matplotlib",
+    ) from error
+  return Figure, FigureCanvasAgg, Line2D
+
+
+def _no_data(ax: Any, what: str) -> None:
+  ax.text(0.5, 0.5, f"no run logs {what}", ha="center", va="center", transform=ax.transAxes)
+
+
+def _plot_train(
+  ax: Any,
+  runs: Sequence[Run],
+  colours: Sequence[str],
+  keys_styles: Sequence[tuple[str, str]],
+  title: str,
+  smooth: int,
+  ylabel: str | None = None,
+  only_if: str | None = None,
+  log_if_wide: bool = True,
+) -> None:
+  """One line per (run, key): colour by run, line style by key.
+
+  `only_if`: skip runs that never log this key (every mode logs the feature weight, but it only
+  means something where there is a feature loss). `log_if_wide`: log y axis when positive values
+  span more than 10x.
+  """
+  drawn = []
+  for run, colour in zip(runs, colours):
+    if only_if and not any(only_if in r for r in run.train):
+      continue
+    for key, style in keys_styles:
+      x, y = series(run.train, key)
+      if x.size:
+        y = moving_average(y, smooth)
+        ax.plot(x, y, style, color=colour, linewidth=1.2)
+        drawn.append(y[np.isfinite(y)])
+  ax.set_title(title)
+  ax.set_xlabel("epoch")
+  if ylabel:
+    ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3)
+  if not drawn:
+    _no_data(ax, " / ".join(k for k, _ in keys_styles))
+    return
+  values = np.concatenate(drawn)
+  # A shared ViT's loss (feature term included) is ~10x a plain ViT's: log scale keeps both legible.
+  if log_if_wide and values.size and values.min() > 0 and values.max() > 10 * values.min():
+    ax.set_yscale("log")
+
+
+def plot_runs(
+  workdirs: Sequence[str | pathlib.Path],
+  out: str | pathlib.Path,
+  labels: Sequence[str] | None = None,
+  smooth: int = DEFAULT_SMOOTH,
+  title: str | None = None,
+) -> pathlib.Path:
+  """Draws the curves of `workdirs` into the PNG `out`; returns its path.
+
+  Args:
+    workdirs: Run directories holding metrics.jsonl.
+    out: Output PNG path; its parent is created.
+    labels: One legend label per workdir (default: the workdir's name).
+    smooth: Moving-average window (logged points) of the training curves; 1 disables it.
+    title: Figure title.
+  """
+  Figure, FigureCanvasAgg, Line2D = _matplotlib()
+  if labels is not None and len(labels) != len(workdirs):
+    raise ValueError(f"{len(labels)} labels for {len(workdirs)} workdirs; give one per workdir")
+  labels = labels or [None] * len(workdirs)
+  runs = [load_run(w, label) for w, label in zip(workdirs, labels)]
+  if not any(run.train or run.eval for run in runs):
+    raise ValueError(f"none of {[str(w) for w in workdirs]} holds a {metrics.METRICS_FILE}")
+  colours = [f"C{i % 10}" for i in range(len(runs))]
+
+  rows, cols = GRID
+  fig = Figure(figsize=(PANEL_INCHES[0] * cols, PANEL_INCHES[1] * rows), dpi=DPI)
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(rows, cols, squeeze=False)
+
+  # Eval top-1 per model (Fig. 5 of the paper).
+  ax = axes[0, 0]
+  models_seen = []
+  for run, colour in zip(runs, colours):
+    for model, style in MODEL_STYLES.items():
+      x, y = series(run.eval, f"eval/top1_{model}")
+      if x.size:
+        ax.plot(x, 100.0 * y, style, color=colour, marker=".", markersize=4, linewidth=1.5)
+        models_seen.append(model)
+  ax.set_title("eval top-1 (ViT solid, agent dashed)")
+  ax.set_xlabel("epoch")
+  ax.set_ylabel("top-1 (%)")
+  ax.grid(alpha=0.3)
+  if models_seen:
+    handles = [
+      Line2D([], [], color=c, linewidth=2, label=run.label) for run, c in zip(runs, colours)
+    ]
+    handles += [
+      Line2D([], [], color="black", linestyle=MODEL_STYLES[m], label=MODEL_LABELS[m])
+      for m in MODEL_STYLES
+      if m in models_seen
+    ]
+    ax.legend(handles=handles, fontsize="small", loc="best")
+  else:
+    _no_data(ax, "eval/top1_*")
+
+  _plot_train(
+    axes[0, 1],
+    runs,
+    colours,
+    [("train/feature_weight", "-")],
+    "feature weight w(t)",
+    1,
+    only_if="train/feature",
+    log_if_wide=False,
+  )
+  _plot_train(axes[1, 0], runs, colours, [("train/loss_vit", "-")], "loss_vit", smooth)
+  _plot_train(axes[1, 1], runs, colours, [("train/loss_agent", "--")], "loss_agent", smooth)
+  _plot_train(axes[2, 0], runs, colours, [("train/feature", "-")], "feature loss", smooth)
+  kd = [("train/kd_vit", "-"), ("train/kd_agent", "--")]
+  _plot_train(axes[2, 1], runs, colours, kd, "KD (vit solid, agent dashed)", smooth)
+  cosine = [("train/align_cosine", "-")]
+  _plot_train(
+    axes[3, 0], runs, colours, cosine, "Align: cos(g_vit, g_agent)", smooth, log_if_wide=False
+  )
+  axes[3, 0].axhline(0.0, color="grey", linewidth=0.8)
+  _plot_train(
+    axes[3, 1],
+    runs,
+    colours,
+    [("train/align_conflict", "-")],
+    "Align: conflict rate",
+    smooth,
+    ylabel="fraction of steps",
+    log_if_wide=False,
+  )
+  axes[3, 1].set_ylim(-0.03, 1.03)
+  if smooth > 1:
+    note = f"training curves: moving average over {smooth} logged points"
+    fig.text(0.99, 0.005, note, ha="right", va="bottom", fontsize="small", color="grey")
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout(rect=(0, 0.015, 1, 0.98 if title else 1))
+  out = pathlib.Path(out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out, format="png")
+  return out
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+    prog="python -m vitboot_jax.tools.plot", description=__doc__.split("\n")[0]
+  )
+  parser.add_argument("--workdirs", nargs="+", required=True, help="Run directories.")
+  parser.add_argument("--out", required=True, help="Output PNG path.")
+  parser.add_argument("--labels", default=None, help="Comma-separated, one per workdir.")
+  parser.add_argument("--smooth", type=int, default=DEFAULT_SMOOTH, help="Moving-average window.")
+  parser.add_argument("--title", default=None, help="Figure title.")
+  return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = _parse_args(argv)
+  labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
+  out = plot_runs(args.workdirs, args.out, labels=labels, smooth=args.smooth, title=args.title)
+  print(json.dumps({"out": str(out), "workdirs": args.workdirs}))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
