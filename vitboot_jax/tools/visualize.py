@@ -415,5 +415,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   flags.mark_flags_as_required(["config", "out"])
   app.run(main)
