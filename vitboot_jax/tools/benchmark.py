@@ -15,8 +15,10 @@ Output, one JSON object per line:
   2. One line per mode: {"mode", "batch", "image_size", "img_per_s", "step_s", "compile_s",
      "flops_per_step", "xla_flops_per_step", "flops_per_s", "mfu", "peak_mem_bytes",
      "devices", ...}. flops_per_step is 2 x the matmul/conv MACs of the whole step's jaxpr
-     (forwards, backwards, Align; elementwise work is not counted). peak_mem_bytes is
-     argument + output - alias + temp of XLA's memory analysis (per device), null if absent.
+     (forwards, backwards, Align; elementwise work such as dropout's RNG is not counted);
+     xla_flops_per_step is XLA's cost analysis (null if absent). peak_mem_bytes is
+     argument + output - alias + temp of XLA's memory analysis (per device; raw fields in
+     "mem_bytes"), null if absent. step_s is the median; step_s_min/max show the spread.
   3. {"summary": ...}: shared/ViT step-time and MACs ratios and the Align overhead (%).
 """
 
@@ -45,17 +47,6 @@ from vitboot_jax.state import create_state
 ALL_MODES = ("vit", "agent", "joint", "shared", "shared_noalign")
 # Feature-loss decay depends on the step's epoch; any plausible epoch length costs the same.
 _STEPS_PER_EPOCH = 1000
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=False)
-_BATCH = flags.DEFINE_integer("batch", 0, "Global batch size; 0 takes config.batch_size.")
-_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per mode (the median is reported).")
-_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
-_MODES = flags.DEFINE_list("modes", list(ALL_MODES), f"Modes to time, from {ALL_MODES}.")
-_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Sets config.compute_dtype.")
-_PEAK_SIZE = flags.DEFINE_integer(
-  "peak_size", 0, "Side of the peak matmul; 0: 2048 on CPU, 8192 on accelerators."
-)
-flags.mark_flag_as_required("config")
 
 
 def _time_calls(call: Callable[[], Any], steps: int, warmup: int) -> list[float]:
@@ -278,20 +269,42 @@ def run(
   return lines
 
 
+_FLAGS: dict[str, Any] = {}
+
+
+def define_flags() -> None:
+  """Defines this tool's flags; called only when it runs as a program, so several tools can be
+  imported into one process (tests) without their flag names colliding."""
+  _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
+  _FLAGS["batch"] = flags.DEFINE_integer("batch", 0, "Global batch size; 0: config.batch_size.")
+  _FLAGS["steps"] = flags.DEFINE_integer("steps", 10, "Timed steps per mode (median reported).")
+  _FLAGS["warmup"] = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+  _FLAGS["modes"] = flags.DEFINE_list("modes", list(ALL_MODES), f"Modes, from {ALL_MODES}.")
+  _FLAGS["dtype"] = flags.DEFINE_enum(
+    "dtype", None, ["float32", "bfloat16"], "Sets config.compute_dtype."
+  )
+  _FLAGS["peak_size"] = flags.DEFINE_integer(
+    "peak_size", 0, "Side of the peak matmul; 0: 2048 on CPU, 8192 on accelerators."
+  )
+  flags.mark_flag_as_required("config")
+
+
 def main(argv: Sequence[str]) -> None:
   del argv
-  config = _CONFIG.value
+  value = {name: holder.value for name, holder in _FLAGS.items()}
+  config = value["config"]
   run(
     config,
-    batch=_BATCH.value or config.batch_size,
-    steps=_STEPS.value,
-    warmup=_WARMUP.value,
-    modes=[m.strip() for m in _MODES.value if m.strip()],
-    dtype=_DTYPE.value,
-    peak_size=_PEAK_SIZE.value,
+    batch=value["batch"] or config.batch_size,
+    steps=value["steps"],
+    warmup=value["warmup"],
+    modes=[m.strip() for m in value["modes"] if m.strip()],
+    dtype=value["dtype"],
+    peak_size=value["peak_size"],
     emit=functools.partial(print, flush=True),
   )
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -1,0 +1,67 @@
+"""The benchmark tool: JSON lines with every field, on the test devices, in one process."""
+
+import importlib.util
+import json
+import pathlib
+
+from vitboot_jax.tools import benchmark
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+MODE_KEYS = {
+  "mode",
+  "batch",
+  "image_size",
+  "img_per_s",
+  "step_s",
+  "compile_s",
+  "flops_per_step",
+  "xla_flops_per_step",
+  "flops_per_s",
+  "mfu",
+  "peak_mem_bytes",
+  "devices",
+}
+
+
+def load_config(name: str, arg: str | None = None):
+  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def test_benchmark_prints_one_json_object_per_line():
+  printed = []
+  benchmark.run(
+    load_config("tiny_test"),
+    batch=8,
+    steps=2,
+    warmup=1,
+    modes=("vit", "shared"),
+    peak_size=256,  # Small: the test devices are 8 fake CPUs sharing the host's cores.
+    emit=printed.append,
+  )
+  lines = [json.loads(line) for line in "\n".join(printed).splitlines()]
+  assert len(lines) == 4  # peak, vit, shared, summary.
+  peak, vit, shared, summary = lines
+  assert peak["peak_matmul_flops_per_s"] > 0
+  for row, mode in ((vit, "vit"), (shared, "shared")):
+    assert MODE_KEYS <= set(row), MODE_KEYS - set(row)
+    assert row["mode"] == mode
+    assert row["batch"] == 8 and row["image_size"] == 32 and row["devices"] == 8
+    assert row["img_per_s"] > 0 and row["step_s"] > 0 and row["compile_s"] > 0
+    assert row["mfu"] > 0
+  # Shared trains both models, so its step does strictly more matmul work than the ViT's.
+  assert shared["flops_per_step"] > vit["flops_per_step"] > 0
+  assert summary["macs_ratio_shared_vit"] == shared["flops_per_step"] / vit["flops_per_step"]
+  assert summary["step_ratio_shared_vit"] > 0
+  assert summary["align_overhead_pct"] is None  # shared_noalign was not run.
+
+
+def test_mode_config_sets_mode_align_and_dtype():
+  config = load_config("tiny_test")
+  noalign = benchmark.mode_config(config, "shared_noalign", batch=8, dtype="bfloat16")
+  assert (noalign.mode, noalign.align, noalign.compute_dtype) == ("shared", "none", "bfloat16")
+  vit = benchmark.mode_config(config, "vit", batch=8)
+  assert (vit.mode, vit.align, vit.batch_size) == ("vit", config.align, 8)
+  assert config.mode == "shared" and config.compute_dtype == "float32"  # The input is untouched.
