@@ -16,6 +16,12 @@ from vitboot_jax.state import create_state
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 
+def jitted_gradients(config, models, variables, batch, rng, weight):
+  """steps.model_gradients under jit (op-by-op it is many times slower)."""
+  fn = jax.jit(lambda v, b, r, w: steps.model_gradients(config, models, v, b, r, w))
+  return fn(variables, batch, rng, weight)
+
+
 def load_config(name, arg=None):
   spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
@@ -68,7 +74,7 @@ def test_sam_ascends_rho_and_updates_with_the_perturbed_gradient():
   variables = {"params": state.params, "batch_stats": state.batch_stats}
 
   def gradient(params):
-    grads, _, _ = steps.model_gradients(
+    grads, _, _ = jitted_gradients(
       config, models, {**variables, "params": params}, batch, rng, jnp.float32(1.0)
     )
     return grads["vit"]
@@ -95,7 +101,7 @@ def test_drloc_head_is_trained_and_private_to_its_model():
   models, _, state, _ = make(config)
   assert {"drloc_vit", "drloc_agent"} <= set(state.params)
   variables = {"params": state.params, "batch_stats": state.batch_stats}
-  grads, _, terms = steps.model_gradients(
+  grads, _, terms = jitted_gradients(
     config, models, variables, batch_of(), jax.random.key(0), jnp.float32(1.0)
   )
   assert float(terms["drloc_vit"]) > 0 and float(terms["drloc_agent"]) > 0

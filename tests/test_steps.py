@@ -19,6 +19,12 @@ from vitboot_jax.state import create_state
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 
+def jitted_gradients(config, models, variables, batch, rng, weight):
+  """steps.model_gradients under jit (op-by-op it is many times slower)."""
+  fn = jax.jit(lambda v, b, r, w: steps.model_gradients(config, models, v, b, r, w))
+  return fn(variables, batch, rng, weight)
+
+
 def tiny_config(mode="shared", **updates):
   spec = importlib.util.spec_from_file_location("tiny_test", CONFIGS / "tiny_test.py")
   module = importlib.util.module_from_spec(spec)
@@ -50,9 +56,7 @@ def setup(mode="shared", **updates):
 
 def gradients(config, models, state, batch, weight=1.0):
   variables = {"params": state.params, "batch_stats": state.batch_stats}
-  return steps.model_gradients(
-    config, models, variables, batch, jax.random.key(3), jnp.float32(weight)
-  )
+  return jitted_gradients(config, models, variables, batch, jax.random.key(3), jnp.float32(weight))
 
 
 # ---------------------------------------------------------------- fidelity to the official code
@@ -66,7 +70,7 @@ def test_official_loss_terms_and_gradients(golden_dir, name):
   models = build_models(config)
   variables = convert.import_shared(sd, config.model.depth, config.model.num_heads)
   batch = {"image": jnp.asarray(images), "label": jnp.asarray(data["labels"], jnp.int32)}
-  grads, _, terms = steps.model_gradients(
+  grads, _, terms = jitted_gradients(
     config, models, variables, batch, jax.random.key(0), jnp.float32(1.0)
   )
   expected = {
@@ -192,7 +196,7 @@ def test_align_none_is_the_gradient_of_the_summed_loss():
     la, _ = steps.model_loss(config, "agent", outputs, batch["label"], jnp.float32(0.7))
     return lv + la
 
-  want = jax.grad(summed_loss)(state.params)
+  want = jax.jit(jax.grad(summed_loss))(state.params)
   got = jax.tree.map(jnp.add, grads["vit"], grads["agent"])
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
