@@ -21,16 +21,7 @@ from vitboot_jax import configlib
 def get_config(arg=None):
   args = configlib.parse_arg(arg)
   c = configlib.base_config()
-  dataset = args.get("dataset", "cifar100")
-  if dataset == "imagenet":
-    c.data.update(name="imagenet2012", eval_split="validation", num_classes=1000)
-    c.data.update(augment="imagenet", normalisation="imagenet", cache=False)
-    c.data.train_fraction = float(args.get("subset", 0.1))
-  elif dataset in ("cifar10", "cifar100"):
-    c.data.update(name=dataset, num_classes=10 if dataset == "cifar10" else 100)
-    c.data.normalisation = dataset
-  else:
-    raise ValueError(f"dataset={dataset!r} is unknown; choose cifar10, cifar100 or imagenet")
+  configlib.set_dataset(c, args.get("dataset", "cifar100"), float(args.get("subset", 0.1)))
   configlib.set_mode(c, "cnn")
   c.cnn.name = args.get("model", "resnet50")
   return c

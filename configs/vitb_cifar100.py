@@ -20,13 +20,4 @@ from vitboot_jax import configlib
 
 
 def get_config(arg=None):
-  args = configlib.parse_arg(arg)
-  c = configlib.base_config()
-  c.data.name = "cifar100"
-  c.data.num_classes = 100
-  c.data.normalisation = "cifar100"
-  configlib.set_vit(c, "vit_b")
-  configlib.set_agent_stem(c, args.get("agent", "res_like"))
-  configlib.set_mode(c, args.get("mode", "shared"))
-  configlib.apply_method_args(c, args)
-  return c
+  return configlib.paper_config("cifar100", "vit_b", arg)

@@ -22,19 +22,4 @@ from vitboot_jax import configlib
 
 
 def get_config(arg=None):
-  args = configlib.parse_arg(arg)
-  c = configlib.base_config()
-  c.data.name = "imagenet2012"
-  c.data.eval_split = "validation"
-  c.data.num_classes = 1000
-  c.data.augment = "imagenet"
-  c.data.normalisation = "imagenet"
-  c.data.train_fraction = float(args.get("subset", 0.1))
-  c.data.cache = False  # Does not fit in memory; tf.data streams it.
-  c.data.shuffle_buffer = 20_000
-  configlib.set_vit(c, args.get("vit", "vit_b"))
-  configlib.set_agent_stem(c, args.get("agent", "res_like"))
-  configlib.set_mode(c, args.get("mode", "shared"))
-  configlib.apply_method_args(c, args)
-  c.checkpoint_every_steps = 2000
-  return c
+  return configlib.paper_config("imagenet", "vit_b", arg)

@@ -7,15 +7,8 @@ Command:
 Same recipe as configs/vitb_imagenet.py; the paper reports no ImageNet numbers for ViT-S.
 """
 
-import importlib.util
-import pathlib
-
-_spec = importlib.util.spec_from_file_location(
-  "vitb_imagenet", pathlib.Path(__file__).with_name("vitb_imagenet.py")
-)
-_vitb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_vitb)
+from vitboot_jax import configlib
 
 
 def get_config(arg=None):
-  return _vitb.get_config(",".join(filter(None, [arg, "vit=vit_s"])))
+  return configlib.paper_config("imagenet", "vit_s", arg)

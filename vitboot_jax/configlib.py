@@ -221,6 +221,33 @@ def apply_method_args(c: ml_collections.ConfigDict, args: dict[str, str]) -> Non
     c.agent.taps = args["taps"]
 
 
+def set_dataset(c: ml_collections.ConfigDict, dataset: str, subset: float = 0.1) -> None:
+  """The data fields of a paper dataset: "cifar10", "cifar100" (tfds) or "imagenet" (tfds
+  imagenet2012, per-class `subset` of the training set, full validation set)."""
+  if dataset in ("cifar10", "cifar100"):
+    c.data.update(name=dataset, num_classes=10 if dataset == "cifar10" else 100)
+    c.data.normalisation = dataset
+  elif dataset == "imagenet":
+    c.data.update(name="imagenet2012", eval_split="validation", num_classes=1000)
+    c.data.update(augment="imagenet", normalisation="imagenet", train_fraction=subset)
+    c.data.update(cache=False, shuffle_buffer=20_000)  # Does not fit in memory: stream it.
+    c.checkpoint_every_steps = 2000
+  else:
+    raise ValueError(f"dataset={dataset!r} is unknown; choose cifar10, cifar100 or imagenet")
+
+
+def paper_config(dataset: str, vit: str, arg: str | None) -> ml_collections.ConfigDict:
+  """A paper row: dataset + ViT preset + the args mode=, agent=, subset= and method switches."""
+  args = parse_arg(arg)
+  c = base_config()
+  set_dataset(c, dataset, float(args.get("subset", 0.1)))
+  set_vit(c, args.get("vit", vit))
+  set_agent_stem(c, args.get("agent", "res_like"))
+  set_mode(c, args.get("mode", "shared"))
+  apply_method_args(c, args)
+  return c
+
+
 def parse_arg(arg: str | None) -> dict[str, str]:
   """Parses big_vision-style config args: "mode=joint,agent=base" -> dict."""
   out = {}
