@@ -48,11 +48,25 @@ def _cifar_rows(dataset: str) -> list[Row]:
     ("Ours-Shared B", "vitb", "mode=shared", "agent", 92.66, 74.11),
     ("Ours-Shared B", "vitb", "mode=shared", "vit", 93.34, 75.71),
   ]
+  spec += [
+    ("ViT-S-SAM", "vits", "mode=vit,sam=1", "vit", 87.77, 62.60),
+    ("ViT-S-Sparse", "vits", "mode=vit,attention=entmax", "vit", 87.43, 62.29),
+    ("ViT-B-SAM", "vitb", "mode=vit,sam=1", "vit", 86.57, 58.18),
+    ("ViT-B-Sparse", "vitb", "mode=vit,attention=entmax", "vit", 83.87, 57.22),
+  ]
   column = 0 if dataset == "cifar10" else 1
-  return [
+  rows = [
     Row(name, f"configs/{size}_{dataset}.py:{args}", model, (c10, c100)[column])
     for name, size, args, model, c10, c100 in spec
   ]
+  rows += [
+    Row(name, f"configs/cnn_baselines.py:model={cnn},dataset={dataset}", "cnn", paper[column])
+    for name, cnn, paper in (
+      ("ResNet50", "resnet50", (94.92, 77.57)),
+      ("EfficientNet-B2", "efficientnet_b2", (94.14, 75.55)),
+    )
+  ]
+  return rows
 
 
 def _imagenet_rows() -> list[Row]:
@@ -62,14 +76,26 @@ def _imagenet_rows() -> list[Row]:
     ("ViT-B", "mode=vit", "vit", (16.60, 28.11, 63.40)),
     ("Ours-Joint", "mode=joint", "vit", (36.01, 49.73, 71.36)),
     ("Ours-Shared", "mode=shared", "vit", (33.06, 45.75, 66.48)),
+    ("ViT-B-SAM", "mode=vit,sam=1", "vit", (16.67, 28.66, 64.37)),
+    ("ViT-B-Sparse", "mode=vit,attention=entmax", "vit", (10.39, 28.92, 66.01)),
   ]
-  return [
+  rows = [
     Row(
       f"{name} {int(subset * 100)}%", f"configs/vitb_imagenet.py:subset={subset},{args}", model, p
     )
     for name, args, model, paper in spec
     for subset, p in zip((0.05, 0.1, 0.5), paper)
   ]
+  rows += [
+    Row(
+      f"ResNet50 {int(subset * 100)}%",
+      f"configs/cnn_baselines.py:model=resnet50,dataset=imagenet,subset={subset}",
+      "cnn",
+      p,
+    )
+    for subset, p in zip((0.05, 0.1, 0.5), (35.43, 50.86, 70.05))
+  ]
+  return rows
 
 
 def rows(table: str) -> list[Row]:
