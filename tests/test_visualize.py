@@ -11,9 +11,9 @@ import jax
 import numpy as np
 import pytest
 import tensorflow as tf
-from flax import linen as nn
 
 from configs import tiny_test
+from vitboot_jax.models import common
 from vitboot_jax.tools import visualize
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -174,7 +174,7 @@ def _captured_attention(config, variables, images):
     {"params": variables["params"]["vit"]},
     images,
     train=False,
-    capture_intermediates=lambda module, _: isinstance(module, nn.Dropout),
+    capture_intermediates=lambda module, _: isinstance(module, common.Dropout),
     mutable=["intermediates"],
   )
   inter = state["intermediates"]

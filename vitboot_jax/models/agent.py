@@ -190,7 +190,7 @@ class AgentBlock(nn.Module):
       dtype=self.dtype,
       name=name,
     )
-    drop = lambda y: nn.Dropout(self.residual_dropout)(y, deterministic=not train)
+    drop = lambda y: common.Dropout(self.residual_dropout)(y, deterministic=not train)
     if shared is None:
       # Standalone / joint agent: full-rank taps; xavier with fan = D * taps as the official
       # Conv_SL (3x3 conv) and Conv_ManyHead ([D, D, H]) initialisers.
@@ -223,7 +223,7 @@ class AgentBlock(nn.Module):
 
     def mlp_branch(y):
       y = common.gelu(fc1(y))
-      return fc2(nn.Dropout(self.mlp_dropout)(y, deterministic=not train))
+      return fc2(common.Dropout(self.mlp_dropout)(y, deterministic=not train))
 
     if self.pre_norm:
       x = x + drop(conv(bn("bn1")(x)))

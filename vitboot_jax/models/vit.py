@@ -78,7 +78,7 @@ class Attention(nn.Module):
       probs = entmax_bisect(logits.astype(jnp.float32), alpha, axis=-1).astype(self.dtype)
     else:
       probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
-    probs = nn.Dropout(self.dropout)(probs, deterministic=not train)
+    probs = common.Dropout(self.dropout)(probs, deterministic=not train)
     out = einops.rearrange(jnp.einsum("bhqk,bhkd->bhqd", probs, v), "b h n d -> b n (h d)")
     return nn.Dense(
       d, kernel_init=inits["dense"], bias_init=common.zeros, dtype=self.dtype, name="out"
@@ -100,7 +100,7 @@ class Mlp(nn.Module):
       n, kernel_init=inits["dense"], bias_init=inits["mlp_bias"], dtype=self.dtype, name=name
     )
     h = common.gelu(dense(self.hidden_dim, "fc1")(x))
-    h = nn.Dropout(self.dropout)(h, deterministic=not train)
+    h = common.Dropout(self.dropout)(h, deterministic=not train)
     return dense(x.shape[-1], "fc2")(h)
 
 
@@ -118,7 +118,7 @@ class EncoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
     ln = lambda name: nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype, name=name)
-    drop = lambda y: nn.Dropout(self.dropout)(y, deterministic=not train)
+    drop = lambda y: common.Dropout(self.dropout)(y, deterministic=not train)
     attn = Attention(
       self.num_heads, self.dropout, self.init_scheme, self.dtype, self.attention, name="attn"
     )
