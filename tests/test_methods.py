@@ -157,3 +157,15 @@ def test_sparse_vitb_config_builds_vitb():
   config = load_config("vitb_cifar100", "mode=vit,attention=entmax")
   models = build_models(config)
   assert models.vit.embed_dim == 384 and models.vit.depth == 12 and models.vit.attention == "entmax"
+
+
+def test_drloc_classification_variant_sizes_its_heads_from_the_grids():
+  # "ce"/"reg" heads need the pooled grid size; the shared agent's grid is probed with the ViT.
+  config = load_config("tiny_test", "mode=shared,drloc=0.1")
+  config.drloc.models = ("vit", "agent")
+  config.drloc.variant = "ce"
+  models = build_models(config)
+  variables = jax.eval_shape(models.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  # abs offsets: k classes; ViT 4x4 tokens, agent's last map 8x8 (no pooling below 14).
+  assert variables["params"]["drloc_vit"]["out_u"]["kernel"].shape == (512, 4)
+  assert variables["params"]["drloc_agent"]["out_u"]["kernel"].shape == (512, 8)

@@ -136,10 +136,9 @@ class ModelSet:
         params,
       )
       width = outputs[1]["features"][setting.layer].shape[-1]
-      dummy = jnp.zeros((1, 1, width), jnp.float32)
-      params[f"drloc_{name}"] = setting.head.init(jax.random.fold_in(rngs[name], 1), dummy, dummy)[
-        "params"
-      ]
+      params[f"drloc_{name}"] = drloc.init_head(
+        setting.head, jax.random.fold_in(rngs[name], 1), width
+      )
     return {"params": params, "batch_stats": batch_stats}
 
   def post_init(self, params: dict[str, Any], rng: jax.Array) -> dict[str, Any]:
@@ -242,18 +241,19 @@ def _drloc_settings(
     grid = None
     if cfg.variant in ("ce", "reg"):  # Their class count depends on the pooled grid size.
       images = jax.ShapeDtypeStruct((1, config.image_size, config.image_size, 3), jnp.float32)
-      feature = _feature_shape(modules, name, images, cfg.layer)
+      feature = _feature_shape(config.mode, modules, name, images, cfg.layer)
       grid = drloc.pool_grid(jnp.zeros((1, feature[1], feature[2], 1)), cfg.pool).shape[1]
     head = drloc.make_head(cfg.variant, grid, use_abs=cfg.use_abs, hidden=cfg.hidden)
     settings[name] = DrLocSetting(head=head, layer=cfg.layer, is_vit=name == "vit")
   return settings
 
 
-def _feature_shape(modules, name, images, layer) -> tuple[int, int, int]:
+def _feature_shape(mode, modules, name, images, layer) -> tuple[int, int, int]:
   """(tokens or H, H, W) of a model's block output, from shapes only."""
-  probe = ModelSet(mode="probe", modules={n: modules[n] for n in ("vit", name) if n in modules})
+  # The probe keeps the mode: a shared agent can only be applied with the ViT's params.
+  probe = ModelSet(mode=mode, modules={n: modules[n] for n in ("vit", name) if n in modules})
   variables = jax.eval_shape(probe.init, jax.random.key(0), images)
-  outputs = jax.eval_shape(lambda v: probe.apply(v, images, train=False)[0], variables)
+  outputs = jax.eval_shape(lambda v, x: probe.apply(v, x, train=False)[0], variables, images)
   shape = outputs[name][1]["features"][layer].shape
   if len(shape) == 3:  # ViT tokens with cls.
     side = int(round((shape[1] - 1) ** 0.5))
