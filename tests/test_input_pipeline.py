@@ -148,6 +148,25 @@ def test_processes_take_disjoint_blocks_of_the_global_batch(folder):
     np.testing.assert_array_equal(np.concatenate([a["label"], b["label"]]), batch["label"])
 
 
+def test_cached_eval_dataset_decodes_once(folder, tmp_path):
+  """With data.cache the eval split is decoded on the first pass only (the trainer evaluates
+  every epoch); later passes give the same batches even when the files are gone."""
+  import shutil
+
+  copy = tmp_path / "copy"
+  shutil.copytree(folder, copy)
+  uncached = list(input_pipeline.eval_batches(make_config(folder)))
+  dataset = input_pipeline.eval_dataset(make_config(copy, cache=True))
+  first = list(dataset.as_numpy_iterator())
+  shutil.rmtree(copy / "test")
+  second = list(dataset.as_numpy_iterator())
+  assert len(first) == len(second) == len(uncached) == 3
+  for a, b, c in zip(first, second, uncached):
+    for key in ("image", "label", "mask"):
+      np.testing.assert_array_equal(a[key], b[key])
+      np.testing.assert_array_equal(a[key], c[key])
+
+
 @pytest.mark.parametrize("process_count", [1, 2])
 def test_eval_sees_every_example_once_with_padding_mask(folder, process_count):
   config = make_config(folder)

@@ -146,8 +146,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   )
   eval_step = jax.jit(evaluate.make_eval_step(models), out_shardings=replicated)
 
+  eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches decoded images.
+
   def run_eval(state: TrainState) -> dict[str, float]:
-    batches = (sharding.global_batch(b, mesh) for b in input_pipeline.eval_batches(config))
+    batches = (sharding.global_batch(b, mesh) for b in eval_dataset.as_numpy_iterator())
     return evaluate.evaluate(eval_step, state.params, state.batch_stats, batches)
 
   eval_every = config.eval_every_steps if config.eval_every_steps > 0 else steps_per_epoch
