@@ -77,6 +77,19 @@ def test_round_trip_keeps_values_and_shardings(tmp_path, mesh):
   assert len(restored["params"]["w"].addressable_shards) == 8
 
 
+def test_relative_workdir_is_saved_under_the_current_directory(tmp_path, mesh, monkeypatch):
+  # `--workdir=runs/x` is what users type; orbax itself only accepts absolute paths.
+  monkeypatch.chdir(tmp_path)
+  state = make_state(mesh, seed=2)
+  with ckpt_lib.Checkpointer("runs/x") as ckpt:
+    assert ckpt.save(5, state, force=True)
+  assert (tmp_path / "runs" / "x" / "checkpoints" / "5" / ckpt_lib.COMMIT_MARKER).exists()
+  with ckpt_lib.Checkpointer("runs/x") as ckpt:
+    restored, step = ckpt.restore_latest(abstract_of(state))
+  assert step == 5
+  assert_same(restored, state)
+
+
 def test_restore_reshards_to_the_requested_sharding(tmp_path, mesh):
   state = make_state(mesh)
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:

@@ -117,7 +117,12 @@ class Checkpointer:
       raise ValueError(f"keep must be >= 1 or None, got {keep}.")
     if save_every_steps is not None and save_every_steps < 1:
       raise ValueError(f"save_every_steps must be >= 1 or None, got {save_every_steps}.")
-    self._directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
+    workdir = epath.Path(workdir)
+    # Orbax refuses relative paths (at the first save, deep inside training), and a user's
+    # `--workdir=runs/x` is relative to where they launched; URLs such as gs:// count as absolute.
+    if not workdir.is_absolute():
+      workdir = workdir.absolute()
+    self._directory = workdir / CHECKPOINT_SUBDIR
     self._save_every = save_every_steps
     self._name_format = _CommittedStepsFormat()
     # Registered up front so a fresh manager can read a step's metadata before any restore.
