@@ -24,6 +24,7 @@ Output, one JSON object per line:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import statistics
@@ -152,18 +153,32 @@ def _xla_flops(compiled: Any) -> float | None:
   return float(analysis["flops"])
 
 
-def benchmark_mode(
+@dataclasses.dataclass
+class CompiledStep:
+  """One mode's train step compiled as train.py compiles it, with its state and a batch."""
+
+  config: ml_collections.ConfigDict
+  compiled: Any
+  state: Any
+  data: dict[str, jax.Array]
+  macs: int
+  compile_s: float
+
+  def __call__(self) -> Any:
+    """Runs one step on the synthetic batch (the state is donated and replaced)."""
+    self.state, metrics = self.compiled(self.state, self.data)
+    return self.state, metrics
+
+
+def compile_mode_step(
   config: ml_collections.ConfigDict,
   mode: str,
   mesh: jax.sharding.Mesh,
   *,
   batch: int,
-  steps: int,
-  warmup: int,
-  peak_flops_per_s: float,
   dtype: str | None = None,
-) -> dict[str, Any]:
-  """One mode's step: built, initialised and jitted as train.py does, then timed."""
+) -> CompiledStep:
+  """Builds, initialises and jits one mode's step as train.py does, on a synthetic batch."""
   config = mode_config(config, mode, batch, dtype)
   models = build_models(config)
   tx, schedule = step_lib.make_optimizer(config, models, _STEPS_PER_EPOCH)
@@ -181,35 +196,46 @@ def benchmark_mode(
   start = time.perf_counter()
   compiled = jitted.lower(state, data).compile()
   compile_s = time.perf_counter() - start
-  peak_mem, mem_fields = _memory(compiled)
+  return CompiledStep(config, compiled, state, data, macs, compile_s)
 
-  def call():
-    nonlocal state
-    state, metrics = compiled(state, data)
-    return state, metrics
 
-  times = _time_calls(call, steps, warmup)
+def benchmark_mode(
+  config: ml_collections.ConfigDict,
+  mode: str,
+  mesh: jax.sharding.Mesh,
+  *,
+  batch: int,
+  steps: int,
+  warmup: int,
+  peak_flops_per_s: float,
+  dtype: str | None = None,
+) -> dict[str, Any]:
+  """One mode's step: built, initialised and jitted as train.py does, then timed."""
+  step = compile_mode_step(config, mode, mesh, batch=batch, dtype=dtype)
+  peak_mem, mem_fields = _memory(step.compiled)
+  times = _time_calls(step, steps, warmup)
   step_s = statistics.median(times)
-  flops = 2 * macs
-  del state
-  return {
+  flops = 2 * step.macs
+  row = {
     "mode": mode,
     "batch": batch,
-    "image_size": config.image_size,
+    "image_size": step.config.image_size,
     "img_per_s": batch / step_s,
     "step_s": step_s,
     "step_s_min": min(times),
     "step_s_max": max(times),
-    "compile_s": compile_s,
+    "compile_s": step.compile_s,
     "flops_per_step": flops,
-    "xla_flops_per_step": _xla_flops(compiled),
+    "xla_flops_per_step": _xla_flops(step.compiled),
     "flops_per_s": flops / step_s,
     "mfu": flops / step_s / peak_flops_per_s,
     "peak_mem_bytes": peak_mem,
     "mem_bytes": mem_fields,
-    "compute_dtype": config.compute_dtype,
+    "compute_dtype": step.config.compute_dtype,
     "devices": mesh.size,
   }
+  del step
+  return row
 
 
 def summarise(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:

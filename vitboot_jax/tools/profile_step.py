@@ -1,0 +1,309 @@
+r"""Where the train step's time goes: a jax.profiler trace of a few steps, summed per XLA op.
+
+  python -m vitboot_jax.tools.profile_step --config=configs/vits_cifar100.py --mode vit \
+    --batch 32 --steps 3 [--dtype bfloat16] [--top 20] [--trace_dir DIR]
+
+The step is compiled exactly as the benchmark compiles it (`benchmark.compile_mode_step`), run
+`--warmup` times, then traced for `--steps` steps. Every traced event whose name is an
+instruction of the compiled HLO module is attributed to that instruction; its category comes
+from what the instruction computes (for a fusion: the instructions fused into it) and its pass
+from the JAX source path in its metadata (`transpose(jvp(...))` is the backward pass).
+
+Output, one JSON object per line:
+  1. {"mode", "step_s", "traced_op_s", "coverage", ...}: the median step wall time of the traced
+     steps and the op time per step the trace accounts for (coverage = their ratio: on a
+     2-core CPU XLA runs some ops on both cores at once, so coverage can exceed 1).
+  2. {"by_category": {category: seconds per step}}, {"by_pass": ...}, {"by_model": ...}.
+  3. One line per op of the `--top` most expensive: {"op", "category", "pass", "s_per_step",
+     "share", "shape", "source"}.
+
+Reading the trace needs TensorFlow's XPlane protobuf (installed with tensorflow-datasets' TF).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import pathlib
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+from vitboot_jax import sharding
+from vitboot_jax.tools import benchmark
+
+# Opcodes that only move or re-lay-out data.
+_DATA_MOVEMENT = {
+  "bitcast",
+  "broadcast",
+  "concatenate",
+  "copy",
+  "dynamic-slice",
+  "dynamic-update-slice",
+  "gather",
+  "iota",
+  "pad",
+  "parameter",
+  "reshape",
+  "reverse",
+  "scatter",
+  "slice",
+  "transpose",
+  "tuple",
+  "get-tuple-element",
+  "constant",
+}
+# Opcodes whose events contain their callees' events: counting both would count twice.
+_CONTAINERS = {"while", "conditional", "call", "async-start", "async-done"}
+_RANDOM_MARKERS = ("threefry", "random_bits", "rng-bit-generator", "random_wrap")
+
+_INSTRUCTION = re.compile(
+  r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+(?P<opcode>[a-z][\w\-]*)\("
+)
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+_CALLS = re.compile(r"calls=%?(?P<callee>[\w.\-]+)")
+_OP_NAME = re.compile(r'op_name="(?P<op_name>[^"]*)"')
+
+
+def parse_hlo(text: str) -> dict[str, dict[str, Any]]:
+  """{instruction name: {"opcode", "shape", "source", "fused": {opcodes}, "fused_sources"}}.
+
+  `text` is the optimized HLO module (`compiled.as_text()`); fused computations are folded
+  into the fusion instructions that call them.
+  """
+  computations: dict[str, list[dict[str, Any]]] = {}
+  current = "?"
+  instructions: dict[str, dict[str, Any]] = {}
+  for line in text.splitlines():
+    match = _INSTRUCTION.match(line)
+    if match:
+      op_name = _OP_NAME.search(line)
+      calls = _CALLS.search(line)
+      entry = {
+        "opcode": match["opcode"],
+        "shape": match["shape"].split("{")[0].strip(),
+        "source": op_name["op_name"] if op_name else "",
+        "callee": calls["callee"] if calls else None,
+      }
+      instructions[match["name"]] = entry
+      computations.setdefault(current, []).append(entry)
+      continue
+    match = _COMPUTATION.match(line)
+    if match and "=" not in line.split("{")[0]:
+      current = match["name"]
+  for entry in instructions.values():
+    body = computations.get(entry["callee"] or "", []) if entry["opcode"] == "fusion" else []
+    entry["fused"] = {b["opcode"] for b in body}
+    entry["fused_sources"] = [b["source"] for b in body if b["source"]]
+  return instructions
+
+
+def categorise(entry: dict[str, Any]) -> str:
+  """What an instruction spends its time on, in the terms a model author thinks in."""
+  opcodes = entry["fused"] | {entry["opcode"]} - {"fusion"}
+  sources = " ".join([entry["source"], *entry["fused_sources"]])
+  if "convolution" in opcodes:
+    return "convolution"
+  if "dot" in opcodes:
+    return "matmul"
+  if any(marker in sources for marker in _RANDOM_MARKERS) or "rng-bit-generator" in opcodes:
+    return "random bits (dropout, drop-path)"
+  if opcodes & {"all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all"}:
+    return "collectives"
+  if "reduce" in opcodes or "reduce-window" in opcodes:
+    if "exponential" in opcodes:
+      return "softmax / log-softmax"
+    return "reductions (norms, losses, grads of broadcasts)"
+  if opcodes <= _DATA_MOVEMENT:
+    return "data movement (copy, transpose, pad, slice)"
+  if "erf" in opcodes or "gelu" in sources:
+    return "elementwise with erf (GELU)"
+  if "exponential" in opcodes:
+    return "elementwise with exp (softmax parts)"
+  return "other elementwise"
+
+
+def pass_of(source: str) -> str:
+  """Forward, backward or optimizer, from the JAX name stack of the instruction."""
+  if "transpose(" in source:
+    return "backward"
+  if "jvp(" in source or "vmap(" in source or "/vit/" in source or "/agent/" in source:
+    return "forward"
+  if not source:
+    return "unknown"
+  return "optimizer and other"
+
+
+def model_of(source: str) -> str:
+  """Which model's code the instruction came from, from the name stack."""
+  for model in ("vit", "agent"):
+    if f"/{model}/" in source or f"({model})" in source or source.startswith(f"{model}/"):
+      return model
+  return "other"
+
+
+def read_events(trace_dir: pathlib.Path) -> Iterable[tuple[str, int]]:
+  """(event name, duration in ps) of every event of every XPlane file under `trace_dir`."""
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: PLC0415 (heavy, optional)
+
+  files = sorted(trace_dir.rglob("*.xplane.pb"))
+  if not files:
+    raise FileNotFoundError(f"no *.xplane.pb under {trace_dir}: the profiler wrote no trace")
+  for file in files:
+    space = xplane_pb2.XSpace.FromString(file.read_bytes())
+    for plane in space.planes:
+      names = {key: meta.name for key, meta in plane.event_metadata.items()}
+      for line in plane.lines:
+        for event in line.events:
+          yield names.get(event.metadata_id, ""), event.duration_ps
+
+
+def attribute(
+  events: Iterable[tuple[str, int]], instructions: dict[str, dict[str, Any]], steps: int
+) -> dict[str, float]:
+  """Seconds per step of every HLO instruction that appears in the trace."""
+  seconds: dict[str, float] = collections.defaultdict(float)
+  for name, duration_ps in events:
+    entry = instructions.get(name)
+    if entry is None or entry["opcode"] in _CONTAINERS:
+      continue
+    seconds[name] += duration_ps * 1e-12 / steps
+  return dict(seconds)
+
+
+def summarise(
+  seconds: dict[str, float], instructions: dict[str, dict[str, Any]], top: int
+) -> list[dict[str, Any]]:
+  """The category/pass/model totals and the `top` most expensive ops, as JSON-ready dicts."""
+  total = sum(seconds.values()) or 1.0
+  groups: dict[str, dict[str, float]] = {"by_category": {}, "by_pass": {}, "by_model": {}}
+  keys: dict[str, Callable[[dict[str, Any]], str]] = {
+    "by_category": categorise,
+    "by_pass": lambda e: pass_of(e["source"]),
+    "by_model": lambda e: model_of(e["source"]),
+  }
+  for name, s in seconds.items():
+    for group, key in keys.items():
+      label = key(instructions[name])
+      groups[group][label] = groups[group].get(label, 0.0) + s
+  lines: list[dict[str, Any]] = [
+    {group: dict(sorted(values.items(), key=lambda kv: -kv[1]))} for group, values in groups.items()
+  ]
+  for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:top]:
+    entry = instructions[name]
+    lines.append(
+      {
+        "op": name,
+        "category": categorise(entry),
+        "pass": pass_of(entry["source"]),
+        "s_per_step": s,
+        "share": s / total,
+        "shape": entry["shape"],
+        "source": entry["source"],
+      }
+    )
+  return lines
+
+
+def run(
+  config: Any,
+  *,
+  mode: str,
+  batch: int,
+  steps: int,
+  warmup: int,
+  top: int = 20,
+  dtype: str | None = None,
+  trace_dir: str | None = None,
+  emit: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+  """Traces `steps` steps of one mode and emits the per-op breakdown (see the module doc)."""
+  if steps < 1:
+    raise ValueError(f"--steps={steps} must be at least 1")
+  mesh = sharding.make_mesh()
+  step = benchmark.compile_mode_step(config, mode, mesh, batch=batch, dtype=dtype)
+  instructions = parse_hlo(step.compiled.as_text())
+  for _ in range(warmup):
+    jax.block_until_ready(step())
+  with tempfile.TemporaryDirectory() as scratch:
+    directory = pathlib.Path(trace_dir or scratch)
+    times = []
+    with jax.profiler.trace(str(directory)):
+      for _ in range(steps):
+        start = time.perf_counter()
+        jax.block_until_ready(step())
+        times.append(time.perf_counter() - start)
+    seconds = attribute(read_events(directory), instructions, steps)
+  if not seconds:
+    raise RuntimeError(
+      "the trace holds no event named after an HLO instruction; this jax/XLA version names "
+      "its op events differently and the parser needs updating"
+    )
+  step_s = statistics.median(times)
+  traced = sum(seconds.values())
+  header = {
+    "mode": mode,
+    "batch": batch,
+    "image_size": step.config.image_size,
+    "compute_dtype": step.config.compute_dtype,
+    "devices": mesh.size,
+    "step_s": step_s,
+    "img_per_s": batch / step_s,
+    "traced_op_s": traced,
+    "coverage": traced / step_s,
+    "ops_traced": len(seconds),
+  }
+  lines = [header, *summarise(seconds, instructions, top)]
+  for line in lines:
+    emit(json.dumps(line))
+  return lines
+
+
+_FLAGS: dict[str, Any] = {}
+
+
+def define_flags() -> None:
+  """Defines this tool's flags (only when it runs as a program; see benchmark.define_flags)."""
+  _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
+  _FLAGS["mode"] = flags.DEFINE_enum("mode", "shared", list(benchmark.ALL_MODES), "Mode.")
+  _FLAGS["batch"] = flags.DEFINE_integer("batch", 0, "Global batch size; 0: config.batch_size.")
+  _FLAGS["steps"] = flags.DEFINE_integer("steps", 3, "Traced steps.")
+  _FLAGS["warmup"] = flags.DEFINE_integer("warmup", 2, "Untraced steps after compilation.")
+  _FLAGS["top"] = flags.DEFINE_integer("top", 20, "How many of the most expensive ops to list.")
+  _FLAGS["dtype"] = flags.DEFINE_enum(
+    "dtype", None, ["float32", "bfloat16"], "Sets config.compute_dtype."
+  )
+  _FLAGS["trace_dir"] = flags.DEFINE_string(
+    "trace_dir", None, "Keep the trace here (for TensorBoard/XProf); default: a temp dir."
+  )
+  flags.mark_flag_as_required("config")
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  value = {name: holder.value for name, holder in _FLAGS.items()}
+  config = value["config"]
+  run(
+    config,
+    mode=value["mode"],
+    batch=value["batch"] or config.batch_size,
+    steps=value["steps"],
+    warmup=value["warmup"],
+    top=value["top"],
+    dtype=value["dtype"],
+    trace_dir=value["trace_dir"],
+    emit=functools.partial(print, flush=True),
+  )
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
