@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vitboot_jax.models import common
+from vitboot_jax.models import common, conv, matmul
 
 
 @functools.cache
@@ -71,12 +71,26 @@ def generalised_conv(
 ) -> jax.Array:
   """CONV on an NHWC map: stride 1, zero padding, tap h at positions[h] of the window."""
   k, positions = tap_positions(taps.shape[0], scheme)
-  kernel = assemble_kernel(taps.astype(x.dtype), k, positions)
+  taps = taps.astype(x.dtype)
   pad = (k - 1) // 2
-  y = jax.lax.conv_general_dilated(
-    x, kernel, (1, 1), ((pad, pad), (pad, pad)), dimension_numbers=("NHWC", "HWIO", "NHWC")
-  )
+  if conv.prefer_matmuls():
+    y = conv.taps_conv(x, taps, positions, k, padding=((pad, pad), (pad, pad)))
+  else:
+    y = jax.lax.conv_general_dilated(
+      x,
+      assemble_kernel(taps, k, positions),
+      (1, 1),
+      ((pad, pad), (pad, pad)),
+      dimension_numbers=("NHWC", "HWIO", "NHWC"),
+    )
   return y if bias is None else y + bias.astype(y.dtype)
+
+
+def shared_dense(x: jax.Array, dense: Mapping[str, jax.Array]) -> jax.Array:
+  """The ViT's Dense layer applied as a 1x1 convolution, in the agent's compute dtype."""
+  kernel = dense["kernel"].astype(x.dtype)
+  y = matmul.einsum("...k,kn->...n", x, kernel)
+  return y + dense["bias"].astype(y.dtype)
 
 
 def shared_taps(qkv_kernel: jax.Array, out_kernel: jax.Array, num_heads: int) -> jax.Array:
@@ -122,6 +136,7 @@ class Stem(nn.Module):
         kernel_init=inits["patch"],
         bias_init=common.zeros,
         dtype=self.dtype,
+        conv_general_dilated=conv.conv_general_dilated,
         name="conv",
       )(x)
     if self.kind == "res_like":
@@ -140,6 +155,7 @@ class Stem(nn.Module):
       use_bias=False,
       kernel_init=common.xavier_uniform,
       dtype=self.dtype,
+      conv_general_dilated=conv.conv_general_dilated,
       name="conv1",
     )(x)
     x = nn.BatchNorm(
@@ -160,6 +176,7 @@ class Stem(nn.Module):
       kernel_init=common.xavier_uniform,
       bias_init=inits["stem_bias"],
       dtype=self.dtype,
+      conv_general_dilated=conv.conv_general_dilated,
       name="conv2",
     )(x)
 
@@ -202,6 +219,7 @@ class AgentBlock(nn.Module):
         kernel_init=common.xavier_uniform,
         bias_init=inits["mlp_bias"],
         dtype=self.dtype,
+        dot_general=matmul.dot_general,
         name="fc1",
       )
       fc2 = nn.Dense(
@@ -209,14 +227,15 @@ class AgentBlock(nn.Module):
         kernel_init=common.xavier_uniform,
         bias_init=inits["mlp_bias"],
         dtype=self.dtype,
+        dot_general=matmul.dot_general,
         name="fc2",
       )
     else:
       attn, mlp = shared["attn"], shared["mlp"]
       taps = shared_taps(attn["qkv"]["kernel"], attn["out"]["kernel"], self.num_taps)
       conv_bias = attn["out"]["bias"]  # b_O only; b_V is not part of the CONV (reference §2.6).
-      fc1 = lambda y: y @ mlp["fc1"]["kernel"].astype(y.dtype) + mlp["fc1"]["bias"].astype(y.dtype)
-      fc2 = lambda y: y @ mlp["fc2"]["kernel"].astype(y.dtype) + mlp["fc2"]["bias"].astype(y.dtype)
+      fc1 = lambda y: shared_dense(y, mlp["fc1"])
+      fc2 = lambda y: shared_dense(y, mlp["fc2"])
 
     def conv(y):
       return generalised_conv(y, taps, conv_bias, scheme=self.taps)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vitboot_jax.models import common
+from vitboot_jax.models import common, conv, matmul
 from vitboot_jax.models.entmax import entmax_bisect
 
 ATTENTIONS = ("softmax", "entmax")
@@ -67,11 +67,16 @@ class Attention(nn.Module):
     d = x.shape[-1]
     inits = _inits(self.init_scheme, d, 1)
     qkv = nn.Dense(
-      3 * d, kernel_init=inits["dense"], bias_init=common.zeros, dtype=self.dtype, name="qkv"
+      3 * d,
+      kernel_init=inits["dense"],
+      bias_init=common.zeros,
+      dtype=self.dtype,
+      dot_general=matmul.dot_general,
+      name="qkv",
     )(x)
     q, k, v = einops.rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
     scale = (d // self.num_heads) ** -0.5
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q * scale, k)
+    logits = matmul.einsum("bhqd,bhkd->bhqk", q * scale, k)
     # Probabilities in float32 even under bf16 compute: attention logits overflow bf16 easily.
     if self.attention == "entmax":
       alpha = self.param("entmax_alpha", nn.initializers.constant(1.5), (), jnp.float32)
@@ -79,9 +84,14 @@ class Attention(nn.Module):
     else:
       probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
     probs = common.Dropout(self.dropout)(probs, deterministic=not train)
-    out = einops.rearrange(jnp.einsum("bhqk,bhkd->bhqd", probs, v), "b h n d -> b n (h d)")
+    out = einops.rearrange(matmul.einsum("bhqk,bhkd->bhqd", probs, v), "b h n d -> b n (h d)")
     return nn.Dense(
-      d, kernel_init=inits["dense"], bias_init=common.zeros, dtype=self.dtype, name="out"
+      d,
+      kernel_init=inits["dense"],
+      bias_init=common.zeros,
+      dtype=self.dtype,
+      dot_general=matmul.dot_general,
+      name="out",
     )(out)
 
 
@@ -97,7 +107,12 @@ class Mlp(nn.Module):
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
     inits = _inits(self.init_scheme, x.shape[-1], 1)
     dense = lambda n, name: nn.Dense(
-      n, kernel_init=inits["dense"], bias_init=inits["mlp_bias"], dtype=self.dtype, name=name
+      n,
+      kernel_init=inits["dense"],
+      bias_init=inits["mlp_bias"],
+      dtype=self.dtype,
+      dot_general=matmul.dot_general,
+      name=name,
     )
     h = common.gelu(dense(self.hidden_dim, "fc1")(x))
     h = common.Dropout(self.dropout)(h, deterministic=not train)
@@ -161,6 +176,7 @@ class ViT(nn.Module):
       kernel_init=inits["patch_kernel"],
       bias_init=common.zeros,
       dtype=self.dtype,
+      conv_general_dilated=conv.conv_general_dilated,
       name="patch_embed",
     )(images.astype(self.dtype))
     x = einops.rearrange(x, "b h w d -> b (h w) d")  # Row-major patches, as torch's flatten(2).
@@ -187,6 +203,7 @@ class ViT(nn.Module):
       kernel_init=inits["head_kernel"],
       bias_init=inits["head_bias"],
       dtype=self.dtype,
+      dot_general=matmul.dot_general,
       name="head",
     )(pre_logits)
     return logits.astype(jnp.float32), {"features": tuple(features), "pre_logits": pre_logits}

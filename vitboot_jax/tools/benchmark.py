@@ -41,7 +41,7 @@ from ml_collections import config_flags
 
 from vitboot_jax import configlib, sharding
 from vitboot_jax import steps as step_lib
-from vitboot_jax.models import costs
+from vitboot_jax.models import costs, matmul
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 
@@ -78,8 +78,10 @@ def measure_peak(
     lambda key: jax.random.normal(key, (n, size, size), dtype) / size**0.5, out_shardings=spec
   )
   a, b = make(jax.random.key(1)), make(jax.random.key(2))
-  matmul = jax.jit(lambda x, y: jnp.einsum("bij,bjk->bik", x, y), out_shardings=spec)
-  compiled = matmul.lower(a, b).compile()
+  # The models' own matmul contract (16-bit inputs summed in float32): bf16 in, bf16 out would
+  # measure XLA:CPU's slow bf16 fallback, not the hardware.
+  product = jax.jit(lambda x, y: matmul.einsum("bij,bjk->bik", x, y), out_shardings=spec)
+  compiled = product.lower(a, b).compile()
   step_s = statistics.median(_time_calls(lambda: compiled(a, b), max(steps, 3), warmup=2))
   flops = 2.0 * n * size**3
   return {

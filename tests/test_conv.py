@@ -1,0 +1,87 @@
+"""Convolutions as matmuls (the CPU path) equal XLA's convolutions, values and gradients."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vitboot_jax.models import conv
+from vitboot_jax.models.agent import assemble_kernel, tap_positions
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def _lax(x, kernel, strides, padding):
+  return jax.lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=NHWC)
+
+
+@pytest.mark.parametrize(
+  "name, x_shape, kernel_shape, strides, padding",
+  [
+    ("patch embedding", (2, 16, 16, 3), (4, 4, 3, 8), (4, 4), "VALID"),
+    ("res-like stem conv1", (2, 20, 20, 3), (7, 7, 3, 16), (2, 2), ((3, 3), (3, 3))),
+    ("stem conv2 (im2col)", (2, 9, 9, 16), (3, 3, 16, 24), (2, 2), ((1, 1), (1, 1))),
+    ("3x3 per-tap matmuls", (2, 7, 6, 72), (3, 3, 72, 40), (1, 1), "SAME"),
+    ("strided 1x1", (2, 8, 8, 80), (1, 1, 80, 16), (2, 2), "VALID"),
+  ],
+)
+def test_conv_as_matmuls_equals_lax_conv(name, x_shape, kernel_shape, strides, padding):
+  kx, kk, kc = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(kx, x_shape)
+  kernel = jax.random.normal(kk, kernel_shape) / np.sqrt(np.prod(kernel_shape[:3]))
+  want = _lax(x, kernel, strides, padding)
+  got = conv.conv_as_matmuls(x, kernel, strides, padding)
+  assert got.shape == want.shape, name
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  cotangent = jax.random.normal(kc, want.shape)
+  loss = lambda f: lambda x, k: (f(x, k, strides, padding) * cotangent).sum()
+  got_grads = jax.grad(loss(conv.conv_as_matmuls), (0, 1))(x, kernel)
+  want_grads = jax.grad(loss(_lax), (0, 1))(x, kernel)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("heads", [6, 9])
+def test_taps_conv_skips_unused_taps(heads):
+  k, positions = tap_positions(heads, "official")
+  x = jax.random.normal(jax.random.key(1), (2, 5, 5, 8))
+  taps = jax.random.normal(jax.random.key(2), (heads, 8, 8))
+  want = _lax(x, assemble_kernel(taps, k, positions), (1, 1), "SAME")
+  np.testing.assert_allclose(conv.taps_conv(x, taps, positions, k), want, rtol=1e-5, atol=1e-5)
+  # Only the real taps are multiplied: 6 heads cost 6 matmuls, not the 9 of the 3x3 window.
+  jaxpr = jax.make_jaxpr(lambda x, t: conv.taps_conv(x, t, positions, k))(x, taps)
+  assert sum(e.primitive.name == "dot_general" for e in jaxpr.jaxpr.eqns) == heads
+
+
+def test_bfloat16_taps_conv_accumulates_in_float32():
+  k, positions = tap_positions(9, "official")
+  x = jax.random.normal(jax.random.key(3), (2, 6, 6, 64))
+  taps = jax.random.normal(jax.random.key(4), (9, 64, 32)) / 24
+  want = _lax(x, assemble_kernel(taps, k, positions), (1, 1), "SAME")
+  x16, taps16 = x.astype(jnp.bfloat16), taps.astype(jnp.bfloat16)
+  got = conv.taps_conv(x16, taps16, positions, k)
+  assert got.dtype == jnp.bfloat16
+  exact = _lax(
+    x16.astype(jnp.float32),
+    assemble_kernel(taps16.astype(jnp.float32), k, positions),
+    (1, 1),
+    "SAME",
+  )
+  # One rounding at the end: within one bf16 ulp of the float32 sum of the rounded inputs.
+  np.testing.assert_allclose(np.asarray(got, np.float32), exact, rtol=2**-8, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0.05, atol=0.05)
+
+
+def test_flax_hook_falls_back_for_what_it_does_not_handle():
+  x = jax.random.normal(jax.random.key(5), (2, 9, 9, 4))
+  for module in (
+    nn.Conv(6, (3, 3), kernel_dilation=(2, 2)),
+    nn.Conv(8, (3, 3), feature_group_count=2),
+    nn.Conv(6, (3, 3), strides=(2, 2)),
+  ):
+    params = module.init(jax.random.key(6), x)
+    hooked = module.clone(conv_general_dilated=conv.conv_general_dilated)
+    np.testing.assert_allclose(
+      hooked.apply(params, x), module.apply(params, x), rtol=1e-5, atol=1e-5
+    )

@@ -1,0 +1,147 @@
+"""2-D convolutions written as matmuls where XLA's own convolution is slow: on CPUs.
+
+XLA:CPU runs convolutions through Eigen at the float32 GEMM rate at best, its kernel-gradient
+convolution at a fraction of it (measured on our dev VM at batch 32: the agent's 3x3 CONV at
+28x28x288 took 1.07 s forward+backward as a convolution, 0.36 s as bf16 matmuls; the 7x7 stem on
+3 input channels ran its kernel gradient at 16 GFLOP/s), and it never uses the AMX/AVX512-BF16
+matmul kernel. Written as matmuls, forward and backward are GEMMs that `matmul.einsum` runs on
+that kernel under bf16. On GPUs and TPUs, cuDNN and the TPU convolution unit are better than
+anything built from matmuls, so there `conv_general_dilated` is lax's.
+
+Three shapes of matmul, by what the convolution looks like:
+- non-overlapping patches (stride = kernel, no padding: the ViT patch embedding): a reshape;
+- few input channels (the stems): im2col, one matmul with K = k*k*C_in;
+- otherwise (the agent's CONV): one matmul per tap on a shifted view, summed in float32, so
+  the taps a generalised convolution does not use (6 heads in a 3x3 window) cost nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from vitboot_jax.models import matmul
+
+# Below this many input channels a per-tap matmul is too thin for a GEMM: use im2col instead.
+_IM2COL_MAX_CHANNELS = 64
+
+
+def prefer_matmuls() -> bool:
+  """Whether convolutions run as matmuls (on CPU) or as XLA convolutions (accelerators)."""
+  return jax.default_backend() == "cpu"
+
+
+def _pads(padding, spatial: Sequence[int], window: Sequence[int], strides: Sequence[int]):
+  if isinstance(padding, str):
+    return jax.lax.padtype_to_pads(spatial, window, strides, padding)
+  return [tuple(p) for p in padding]
+
+
+def _tap(x: jax.Array, row: int, col: int, out_hw: tuple[int, int], strides) -> jax.Array:
+  """The input pixels that window position (row, col) sees, for every output pixel."""
+  (ho, wo), (sh, sw) = out_hw, strides
+  return jax.lax.slice(
+    x,
+    (0, row, col, 0),
+    (x.shape[0], row + sh * (ho - 1) + 1, col + sw * (wo - 1) + 1, x.shape[3]),
+    (1, sh, sw, 1),
+  )
+
+
+def taps_conv(
+  x: jax.Array,
+  taps: jax.Array,
+  positions: Sequence[tuple[int, int]],
+  window: int,
+  strides: Sequence[int] = (1, 1),
+  padding="SAME",
+) -> jax.Array:
+  """NHWC convolution whose kernel is `taps[h]` ([C_in, C_out]) at `positions[h]`, 0 elsewhere.
+
+  The sum over taps is kept in float32 and rounded once, like a convolution's accumulator.
+  """
+  pads = _pads(padding, x.shape[1:3], (window, window), strides)
+  x = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+  out_hw = tuple((x.shape[1 + i] - window) // strides[i] + 1 for i in range(2))
+  total = None
+  for (row, col), tap_kernel in zip(positions, taps, strict=True):
+    term = matmul.einsum(
+      "bhwc,cd->bhwd", _tap(x, row, col, out_hw, strides), tap_kernel, out_dtype=jnp.float32
+    )
+    total = term if total is None else total + term
+  return total.astype(jnp.result_type(x, taps))
+
+
+def conv_as_matmuls(
+  x: jax.Array, kernel: jax.Array, strides: Sequence[int] = (1, 1), padding="SAME"
+) -> jax.Array:
+  """NHWC x HWIO convolution (no dilation, no groups) computed with matmuls only."""
+  kh, kw, cin, cout = kernel.shape
+  strides = tuple(strides)
+  pads = _pads(padding, x.shape[1:3], (kh, kw), strides)
+  if strides == (kh, kw) and all(p == (0, 0) for p in pads):
+    b, h, w, _ = x.shape
+    ho, wo = h // kh, w // kw
+    patches = x[:, : ho * kh, : wo * kw].reshape(b, ho, kh, wo, kw, cin)
+    patches = patches.transpose(0, 1, 3, 2, 4, 5).reshape(b, ho, wo, kh * kw * cin)
+    return matmul.einsum("bhwk,kd->bhwd", patches, kernel.reshape(kh * kw * cin, cout))
+  if cin < _IM2COL_MAX_CHANNELS:
+    x = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+    out_hw = tuple((x.shape[1 + i] - (kh, kw)[i]) // strides[i] + 1 for i in range(2))
+    cols = [_tap(x, r, c, out_hw, strides) for r in range(kh) for c in range(kw)]
+    return matmul.einsum(
+      "bhwk,kd->bhwd", jnp.concatenate(cols, axis=-1), kernel.reshape(kh * kw * cin, cout)
+    )
+  positions = [(r, c) for r in range(kh) for c in range(kw)]
+  if kh != kw:
+    raise ValueError(f"conv_as_matmuls: non-square {kh}x{kw} kernels with {cin} channels")
+  return taps_conv(x, kernel.reshape(kh * kw, cin, cout), positions, kh, strides, pads)
+
+
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def conv_general_dilated(
+  lhs,
+  rhs,
+  window_strides,
+  padding,
+  lhs_dilation=None,
+  rhs_dilation=None,
+  dimension_numbers=None,
+  feature_group_count=1,
+  precision=None,
+  **kw,
+):
+  """flax's `conv_general_dilated=` hook: matmuls on CPU for plain NHWC convolutions.
+
+  Dilated, grouped or otherwise laid-out convolutions, explicit precisions, and every
+  convolution on an accelerator go to lax.conv_general_dilated unchanged.
+  """
+  plain = (
+    prefer_matmuls()
+    and lhs.ndim == 4
+    and not any(d != 1 for d in (lhs_dilation or ()))
+    and not any(d != 1 for d in (rhs_dilation or ()))
+    and feature_group_count == 1
+    and precision is None
+    and not kw
+    and jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+    == jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC)
+  )
+  if plain:
+    return conv_as_matmuls(lhs, rhs, window_strides, padding)
+  return jax.lax.conv_general_dilated(
+    lhs,
+    rhs,
+    window_strides,
+    padding,
+    lhs_dilation=lhs_dilation,
+    rhs_dilation=rhs_dilation,
+    dimension_numbers=dimension_numbers,
+    feature_group_count=feature_group_count,
+    precision=precision,
+    **kw,
+  )
