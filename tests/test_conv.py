@@ -85,3 +85,17 @@ def test_flax_hook_falls_back_for_what_it_does_not_handle():
     np.testing.assert_allclose(
       hooked.apply(params, x), module.apply(params, x), rtol=1e-5, atol=1e-5
     )
+
+
+def test_max_pool_equals_flax_max_pool_values_and_gradients():
+  x = jax.random.normal(jax.random.key(7), (2, 11, 10, 4))
+  want = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+  got = conv.max_pool(x, 3, stride=2, pad=1)
+  np.testing.assert_array_equal(got, want)
+  cotangent = jax.random.normal(jax.random.key(8), want.shape)
+  grad = lambda f: jax.grad(lambda x: (f(x) * cotangent).sum())(x)
+  np.testing.assert_allclose(
+    grad(lambda x: conv.max_pool(x, 3, stride=2, pad=1)),
+    grad(lambda x: nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))),
+    rtol=1e-6,
+  )

@@ -167,7 +167,7 @@ class Stem(nn.Module):
     )(x)
     x = common.gelu(x)
     if self.kind == "res_like":
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+      x = conv.max_pool(x, 3, stride=2, pad=1)
     return nn.Conv(
       self.embed_dim,
       (3, 3),

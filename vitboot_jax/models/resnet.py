@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from vitboot_jax.models import common
+from vitboot_jax.models import conv as conv_lib
 
 # torch.nn.init.kaiming_normal_(mode="fan_out", nonlinearity="relu"): N(0, 2 / (k*k*out)),
 # untruncated. Flax's HWIO kernel gives fan_out = k*k*out as PyTorch does.
@@ -38,7 +39,11 @@ class Bottleneck(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
     conv = functools.partial(
-      nn.Conv, use_bias=False, kernel_init=kaiming_normal_fan_out, dtype=self.dtype
+      nn.Conv,
+      use_bias=False,
+      kernel_init=kaiming_normal_fan_out,
+      dtype=self.dtype,
+      conv_general_dilated=conv_lib.conv_general_dilated,
     )
     bn = functools.partial(
       nn.BatchNorm,
@@ -90,6 +95,7 @@ class ResNet(nn.Module):
       use_bias=False,
       kernel_init=kaiming_normal_fan_out,
       dtype=self.dtype,
+      conv_general_dilated=conv_lib.conv_general_dilated,
       name="conv1",
     )(images.astype(self.dtype))
     x = nn.BatchNorm(
@@ -101,7 +107,7 @@ class ResNet(nn.Module):
     )(x)
     x = nn.relu(x)
     # PyTorch's MaxPool2d pads with -inf, as Flax's max_pool does.
-    x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    x = conv_lib.max_pool(x, 3, stride=2, pad=1)
     features = []
     for stage, num_blocks in enumerate(self.stage_sizes):
       for block in range(num_blocks):
