@@ -4,6 +4,8 @@ import importlib.util
 import json
 import pathlib
 
+import jax
+
 from vitboot_jax.tools import benchmark
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -65,3 +67,27 @@ def test_mode_config_sets_mode_align_and_dtype():
   vit = benchmark.mode_config(config, "vit", batch=8)
   assert (vit.mode, vit.align, vit.batch_size) == ("vit", config.align, 8)
   assert config.mode == "shared" and config.compute_dtype == "float32"  # The input is untouched.
+
+
+def test_attention_ab_times_both_variants_of_each_mode(monkeypatch):
+  from vitboot_jax.models import vit as vit_lib
+  from vitboot_jax.tools import attention_ab
+
+  traced = []
+  original = vit_lib.attend_in_chunks
+  monkeypatch.setattr(
+    vit_lib, "attend_in_chunks", lambda *a, **k: traced.append(1) or original(*a, **k)
+  )
+  # A budget of one image: tiny_test's batch of 16 on 8 devices is sliced in two loop steps.
+  monkeypatch.setattr(vit_lib, "ATTENTION_CHUNK_BYTES", 1)
+  printed = []
+  rows = attention_ab.run(
+    load_config("tiny_test"), batch=16, steps=1, warmup=0, modes=["vit"], emit=printed.append
+  )
+  assert [json.loads(line) for line in printed] == rows
+  (row,) = rows
+  assert row["mode"] == "vit" and row["images_per_chunk"] == 8
+  assert row["step_s_plain"] > 0 and row["step_s_chunked"] > 0
+  assert row["speedup"] == row["step_s_plain"] / row["step_s_chunked"]
+  assert traced  # The chunked variant really took the chunked path.
+  assert vit_lib.attention_in_chunks() == (jax.default_backend() == "cpu")  # Restored.

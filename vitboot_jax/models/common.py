@@ -63,20 +63,46 @@ def hash32(x: jax.Array) -> jax.Array:
   return x ^ (x >> 16)
 
 
-def hashed_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+def hashed_bits(
+  key: jax.Array, shape: tuple[int, ...], rows: jax.Array | None = None, num_rows: int = 0
+) -> jax.Array:
   """32 random bits per element, a pure function of (key, element index).
 
   Two words of real (threefry) randomness from `key` seed a counter-based hash of the flat
   element index. The seed enters before and between the two hash rounds, so masks drawn from
   different keys are not shifted or permuted copies of each other (which one round of
   `hash(index ^ seed)` would give). Elementwise in the index, it shards like any elementwise op.
+
+  `rows` ([shape[0]] integers) says which rows (axis-0 indices) of a larger [num_rows, ...]
+  array this block is: the bits are then exactly those of the larger array's rows, so a
+  computation done in slices draws the same mask as the whole (chunked attention).
   """
-  size = math.prod(shape)
-  if size >= 2**32:
-    raise ValueError(f"hashed_bits: {size} elements overflow the 32-bit counter; split the array")
+  total = math.prod(shape) if rows is None else num_rows * math.prod(shape[1:])
+  if total >= 2**32:
+    raise ValueError(f"hashed_bits: {total} elements overflow the 32-bit counter; split the array")
   seed = jax.random.bits(key, (2,), jnp.uint32)
-  index = jax.lax.iota(jnp.uint32, size).reshape(shape)
+  if rows is None:
+    index = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+  else:
+    row_size = math.prod(shape[1:])
+    within = jax.lax.iota(jnp.uint32, row_size).reshape(shape[1:])
+    first = rows.astype(jnp.uint32).reshape((shape[0],) + (1,) * (len(shape) - 1))
+    index = first * jnp.uint32(row_size) + within
   return hash32(hash32(index + seed[0]) ^ seed[1])
+
+
+def dropout(
+  x: jax.Array, rate: float, key: jax.Array, rows: jax.Array | None = None, num_rows: int = 0
+) -> jax.Array:
+  """Inverted dropout with a `hashed_bits` mask (`rows`/`num_rows`: see there)."""
+  if rate == 0.0:
+    return x
+  if rate >= 1.0:
+    return jnp.zeros_like(x)
+  threshold = min(int(round(rate * 2**32)), 2**32 - 1)
+  keep_prob = 1.0 - threshold / 2**32
+  keep = hashed_bits(key, x.shape, rows, num_rows) >= jnp.uint32(threshold)
+  return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros((), x.dtype))
 
 
 class Dropout(nn.Module):
@@ -91,13 +117,14 @@ class Dropout(nn.Module):
 
   rate: float
 
+  def rng(self) -> jax.Array:
+    """The key `__call__` would draw its mask from (for code that applies `dropout` itself)."""
+    return self.make_rng("dropout")
+
   @nn.compact
   def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
     if deterministic or self.rate == 0.0:
       return x
-    if self.rate >= 1.0:
+    if self.rate >= 1.0:  # Everything dropped: no key needed.
       return jnp.zeros_like(x)
-    threshold = min(int(round(self.rate * 2**32)), 2**32 - 1)
-    keep_prob = 1.0 - threshold / 2**32
-    keep = hashed_bits(self.make_rng("dropout"), x.shape) >= jnp.uint32(threshold)
-    return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros((), x.dtype))
+    return dropout(x, self.rate, self.rng())

@@ -7,6 +7,7 @@ third (column h*d_k + j of a third belongs to head h), exactly as the official `
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import einops
@@ -18,6 +19,79 @@ from vitboot_jax.models import common, conv, matmul
 from vitboot_jax.models.entmax import entmax_bisect
 
 ATTENTIONS = ("softmax", "entmax")
+
+# Training-time attention on CPU runs over slices of the batch whose attention matrices take at
+# most this many bytes each, every slice rematerialised in the backward pass: the logits and
+# probabilities then stay in the core's cache from the forward to the gradient instead of
+# streaming the whole [B, heads, T, T] tensor through memory five times. The attention
+# fwd+bwd of ViT-S at 224 px (B=32) drops ~30%, of the quickstart ViT ~40%
+# (tools/attention_ab.py); no gain for forward-only passes, which keep the plain path.
+ATTENTION_CHUNK_BYTES = 3 * 2**20
+
+
+def attention_in_chunks() -> bool:
+  """Chunked attention pays off on CPU caches; GPUs and TPUs keep XLA's fused attention."""
+  return jax.default_backend() == "cpu"
+
+
+def images_per_chunk(batch: int, heads: int, tokens: int, itemsize: int = 4) -> int:
+  """The largest slice of the batch whose [heads, T, T] attention fits ATTENTION_CHUNK_BYTES.
+
+  The slice is a multiple of the device count when the batch is (data-parallel runs), so every
+  slice has the same number of images on each device and the loop needs no communication.
+  """
+  devices = jax.device_count()
+  devices = devices if batch % devices == 0 else 1
+  local = batch // devices
+  per_image = heads * tokens * tokens * itemsize
+  fits = [
+    c for c in range(1, local + 1) if local % c == 0 and c * per_image <= ATTENTION_CHUNK_BYTES
+  ]
+  return max(fits, default=1) * devices
+
+
+def attend(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  rows: jax.Array | None = None,
+  *,
+  attention: str,
+  alpha: jax.Array | None,
+  dropout_rate: float,
+  dropout_key: jax.Array | None,
+  num_rows: int = 0,
+  dtype: Any = jnp.float32,
+) -> tuple[jax.Array, jax.Array]:
+  """Attention core on [B, heads, T, d] (q already scaled): returns (output, probabilities).
+
+  `rows` are the batch indices of these images in the whole batch of `num_rows` (chunked
+  attention), so the dropout mask is the one the whole batch would draw.
+  """
+  logits = matmul.einsum("bhqd,bhkd->bhqk", q, k)
+  # Probabilities in float32 even under bf16 compute: attention logits overflow bf16 easily.
+  if attention == "entmax":
+    probs = entmax_bisect(logits.astype(jnp.float32), alpha, axis=-1).astype(dtype)
+  else:
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
+  if dropout_key is not None:
+    probs = common.dropout(probs, dropout_rate, dropout_key, rows, num_rows)
+  return matmul.einsum("bhqk,bhkd->bhqd", probs, v), probs
+
+
+def attend_in_chunks(core, q: jax.Array, k: jax.Array, v: jax.Array, chunk: int) -> jax.Array:
+  """`core(q, k, v, rows)[0]` over slices of `chunk` images, each rematerialised in backward.
+
+  Slice i holds images i, i + n, i + 2n, ... (n = B / chunk): strided, so with the batch
+  sharded in contiguous blocks every device gets its share of every slice.
+  """
+  b = q.shape[0]
+  n = b // chunk
+  to_slices = lambda t: jnp.moveaxis(t.reshape(chunk, n, *t.shape[1:]), 1, 0)
+  rows = jnp.arange(b, dtype=jnp.int32).reshape(chunk, n).T
+  body = jax.checkpoint(lambda args: core(*args)[0])
+  out = jax.lax.map(body, (to_slices(q), to_slices(k), to_slices(v), rows))
+  return jnp.moveaxis(out, 0, 1).reshape(b, *out.shape[2:])
 
 
 def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:
@@ -75,16 +149,29 @@ class Attention(nn.Module):
       name="qkv",
     )(x)
     q, k, v = einops.rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
-    scale = (d // self.num_heads) ** -0.5
-    logits = matmul.einsum("bhqd,bhkd->bhqk", q * scale, k)
-    # Probabilities in float32 even under bf16 compute: attention logits overflow bf16 easily.
+    q = q * (d // self.num_heads) ** -0.5
+    alpha = None
     if self.attention == "entmax":
       alpha = self.param("entmax_alpha", nn.initializers.constant(1.5), (), jnp.float32)
-      probs = entmax_bisect(logits.astype(jnp.float32), alpha, axis=-1).astype(self.dtype)
+    drop = common.Dropout(self.dropout)
+    use_dropout = train and self.dropout > 0.0
+    core = functools.partial(
+      attend,
+      attention=self.attention,
+      alpha=alpha,
+      dropout_rate=self.dropout,
+      dropout_key=drop.rng() if use_dropout else None,
+      num_rows=q.shape[0],
+      dtype=self.dtype,
+    )
+    b, _, tokens, _ = q.shape
+    chunk = images_per_chunk(b, self.num_heads, tokens) if train and attention_in_chunks() else b
+    if chunk < b:
+      out = attend_in_chunks(core, q, k, v, chunk)
     else:
-      probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
-    probs = common.Dropout(self.dropout)(probs, deterministic=not train)
-    out = einops.rearrange(matmul.einsum("bhqk,bhkd->bhqd", probs, v), "b h n d -> b n (h d)")
+      out, probs = core(q, k, v)
+      drop(probs, deterministic=True)  # Exposes the probabilities to capture_intermediates.
+    out = einops.rearrange(out, "b h n d -> b n (h d)")
     return nn.Dense(
       d,
       kernel_init=inits["dense"],

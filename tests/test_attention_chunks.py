@@ -1,0 +1,112 @@
+"""Chunked training attention on CPU: the same outputs, gradients and dropout masks as the plain."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vitboot_jax.models import vit as vit_lib
+
+
+def _qkv(batch=8, heads=3, tokens=17, dim=4, dtype=jnp.float32):
+  keys = jax.random.split(jax.random.key(0), 3)
+  return [jax.random.normal(k, (batch, heads, tokens, dim)).astype(dtype) for k in keys]
+
+
+@pytest.mark.parametrize(
+  "attention, dtype, rtol",
+  [("softmax", jnp.float32, 1e-5), ("entmax", jnp.float32, 1e-4), ("softmax", jnp.bfloat16, 2e-2)],
+)
+def test_chunks_give_the_plain_values_gradients_and_masks(attention, dtype, rtol):
+  q, k, v = _qkv(dtype=dtype)
+  cotangent = jax.random.normal(jax.random.key(5), v.shape).astype(dtype)
+
+  def loss(q, k, v, alpha, chunk):
+    core = functools.partial(
+      vit_lib.attend,
+      attention=attention,
+      alpha=alpha,
+      dropout_rate=0.3,
+      dropout_key=jax.random.key(7),
+      num_rows=q.shape[0],
+      dtype=dtype,
+    )
+    out = vit_lib.attend_in_chunks(core, q, k, v, chunk) if chunk else core(q, k, v)[0]
+    return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32))
+
+  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)), static_argnums=4)
+  alpha = jnp.float32(1.3)
+  plain_value, plain_grads = grad(q, k, v, alpha, 0)
+  for chunk in (1, 2, 4):
+    value, grads = grad(q, k, v, alpha, chunk)
+    np.testing.assert_allclose(value, plain_value, rtol=rtol, atol=rtol)
+    for ours, ref in zip(grads, plain_grads):
+      ours, ref = np.asarray(ours, np.float32), np.asarray(ref, np.float32)
+      np.testing.assert_allclose(ours, ref, rtol=rtol, atol=rtol * np.abs(ref).max())
+
+
+def test_chunk_masks_are_the_whole_batch_masks():
+  """Dropped probabilities sit where the whole-batch mask drops them (zero output rows)."""
+  q, k, v = _qkv()
+  v = jnp.ones_like(v)  # Output = row sum of the kept, rescaled probabilities.
+  core = functools.partial(
+    vit_lib.attend,
+    attention="softmax",
+    alpha=None,
+    dropout_rate=0.5,
+    dropout_key=jax.random.key(3),
+    num_rows=q.shape[0],
+  )
+  plain = np.asarray(core(q, k, v)[0])
+  chunked = np.asarray(vit_lib.attend_in_chunks(core, q, k, v, 2))
+  np.testing.assert_allclose(chunked, plain, rtol=1e-5)
+  assert np.abs(plain - 1).max() > 0.1  # The mask did something.
+
+
+def test_images_per_chunk_budget_and_devices(monkeypatch):
+  monkeypatch.setattr(vit_lib, "ATTENTION_CHUNK_BYTES", 3 * 4 * 5 * 5 * 4)  # 4 images of 3x5x5.
+  devices = jax.device_count()
+  assert devices == 8  # conftest
+  # 64 images on 8 devices: 8 per device, at most 4 per device per slice -> 4 x 8.
+  assert vit_lib.images_per_chunk(64, 3, 5) == 32
+  # 24 per device: the largest divisor of 24 within the budget is 4.
+  assert vit_lib.images_per_chunk(192, 3, 5) == 32
+  # A batch the devices do not divide is sliced as on one device: largest divisor of 9 <= 4.
+  assert vit_lib.images_per_chunk(9, 3, 5) == 3
+  # One image above the budget still makes a slice of one image (per device).
+  assert vit_lib.images_per_chunk(16, 3, 50) == 8
+
+
+def test_vit_train_step_identical_with_and_without_chunks(monkeypatch):
+  """Whole ViT, dropout on, batch sharded over the 8 devices: the loss and gradients agree."""
+  model = vit_lib.ViT(
+    num_classes=5, patch_size=4, embed_dim=12, depth=2, num_heads=3, mlp_dim=24, dropout=0.1
+  )
+  images = jax.random.normal(jax.random.key(1), (32, 16, 16, 3))
+  labels = jnp.arange(32) % 5
+  params = model.init(jax.random.key(0), images[:1])["params"]
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  images = jax.device_put(images, NamedSharding(mesh, PartitionSpec("data")))
+
+  def loss(params, images):
+    logits, _ = model.apply(
+      {"params": params}, images, train=True, rngs={"dropout": jax.random.key(2)}
+    )
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+
+  def run(chunked: bool):
+    monkeypatch.setattr(vit_lib, "attention_in_chunks", lambda: chunked)
+    return jax.jit(jax.value_and_grad(loss))(params, images)
+
+  # Budget of 2 images: 4 per device -> slices of 2 per device, 16 in all, 2 loop steps.
+  monkeypatch.setattr(vit_lib, "ATTENTION_CHUNK_BYTES", 2 * 3 * 17 * 17 * 4)
+  assert vit_lib.images_per_chunk(32, 3, 17) == 16
+  plain_loss, plain_grads = run(False)
+  chunked_loss, chunked_grads = run(True)
+  np.testing.assert_allclose(chunked_loss, plain_loss, rtol=1e-5)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), chunked_grads, plain_grads
+  )
