@@ -5,6 +5,7 @@ import json
 import pathlib
 
 import jax
+import pytest
 
 from vitboot_jax.tools import benchmark
 
@@ -69,9 +70,9 @@ def test_mode_config_sets_mode_align_and_dtype():
   assert config.mode == "shared" and config.compute_dtype == "float32"  # The input is untouched.
 
 
-def test_attention_ab_times_both_variants_of_each_mode(monkeypatch):
+def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
   from vitboot_jax.models import vit as vit_lib
-  from vitboot_jax.tools import attention_ab
+  from vitboot_jax.tools import kernel_ab
 
   traced = []
   original = vit_lib.attend_in_chunks
@@ -81,13 +82,34 @@ def test_attention_ab_times_both_variants_of_each_mode(monkeypatch):
   # A budget of one image: tiny_test's batch of 16 on 8 devices is sliced in two loop steps.
   monkeypatch.setattr(vit_lib, "ATTENTION_CHUNK_BYTES", 1)
   printed = []
-  rows = attention_ab.run(
-    load_config("tiny_test"), batch=16, steps=1, warmup=0, modes=["vit"], emit=printed.append
+  rows = kernel_ab.run(
+    load_config("tiny_test"),
+    switch="attention_chunks",
+    batch=16,
+    steps=1,
+    warmup=0,
+    modes=["vit"],
+    emit=printed.append,
   )
   assert [json.loads(line) for line in printed] == rows
   (row,) = rows
-  assert row["mode"] == "vit" and row["images_per_chunk"] == 8
-  assert row["step_s_plain"] > 0 and row["step_s_chunked"] > 0
-  assert row["speedup"] == row["step_s_plain"] / row["step_s_chunked"]
-  assert traced  # The chunked variant really took the chunked path.
+  assert row["switch"] == "attention_chunks" and row["mode"] == "vit"
+  assert row["images_per_chunk"] == 8
+  assert row["step_s_old"] > 0 and row["step_s_new"] > 0
+  assert row["speedup"] == row["step_s_old"] / row["step_s_new"]
+  assert traced  # The new variant really took the chunked path.
   assert vit_lib.attention_in_chunks() == (jax.default_backend() == "cpu")  # Restored.
+
+
+def test_kernel_ab_restores_gelu_and_rejects_unknown_switches():
+  from vitboot_jax.models import common
+  from vitboot_jax.tools import kernel_ab
+
+  gelu = common.gelu
+  (row,) = kernel_ab.run(
+    load_config("tiny_test"), switch="erf_gelu", batch=8, steps=1, warmup=0, modes=["agent"]
+  )
+  assert row["switch"] == "erf_gelu" and row["speedup"] > 0
+  assert common.gelu is gelu
+  with pytest.raises(ValueError, match="--switch='nope' is unknown"):
+    kernel_ab.run(load_config("tiny_test"), switch="nope", batch=8, steps=1, warmup=0, modes=[])

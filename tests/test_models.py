@@ -306,3 +306,20 @@ def test_hashed_bits_look_independent():
   assert shifted < 5 / np.sqrt(n)
   # The hash is a pure function of (key, index): the same key gives the same bits.
   np.testing.assert_array_equal(np.asarray(hashed_bits(jax.random.key(3), (n,))), bits)
+
+
+def test_gelu_is_exact_in_value_and_derivative():
+  """The erf form (torch's) against the exact x Phi(x) and Phi(x) + x phi(x) in float64."""
+  import math
+
+  from vitboot_jax.models.common import gelu
+
+  xs = np.linspace(-12, 12, 4001).astype(np.float32)
+  x64 = xs.astype(np.float64)
+  phi_cdf = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in x64])
+  exact = x64 * phi_cdf
+  exact_grad = phi_cdf + x64 * np.exp(-0.5 * x64**2) / math.sqrt(2 * math.pi)
+  np.testing.assert_allclose(np.asarray(gelu(xs)), exact, atol=2e-6, rtol=1e-6)
+  grads = np.asarray(jax.jit(jax.vmap(jax.grad(gelu)))(xs))
+  np.testing.assert_allclose(grads, exact_grad, atol=2e-6, rtol=1e-6)
+  assert gelu(jnp.ones(3, jnp.bfloat16)).dtype == jnp.bfloat16  # No promotion to float32.

@@ -41,9 +41,29 @@ def torch_linear_default(fan_in: int) -> Initializer:
 official_bias = normal(1.0, mean=1e-6)
 
 
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+@jax.custom_jvp
 def gelu(x: jax.Array) -> jax.Array:
-  # Exact erf GELU, as torch.nn.GELU() (not the tanh approximation flax defaults to).
-  return nn.gelu(x, approximate=False)
+  """Exact GELU x * Phi(x), written as torch.nn.GELU() writes it: 0.5 x (1 + erf(x / sqrt 2)).
+
+  Not the tanh approximation flax defaults to. jax's exact form goes through erfc, which
+  XLA:CPU evaluates ~3x slower than erf (an exp plus a wider polynomial); the erf form differs
+  from the exact value by at most 1e-6 in float32 (erfc form: 4e-7). The derivative
+  Phi(x) + x phi(x) is written out so forward and backward share Phi instead of
+  differentiating through erf's polynomial.
+  """
+  return 0.5 * x * (1.0 + jax.lax.erf(x * _SQRT_HALF))
+
+
+@gelu.defjvp
+def _gelu_jvp(primals, tangents):
+  (x,), (dx,) = primals, tangents
+  cdf = 0.5 * (1.0 + jax.lax.erf(x * _SQRT_HALF))
+  pdf = jnp.exp(-0.5 * x * x) * _INV_SQRT_2PI
+  return x * cdf, (cdf + x * pdf) * dx
 
 
 def dtype_of(name: str | None) -> jnp.dtype:

@@ -25,7 +25,7 @@ ATTENTIONS = ("softmax", "entmax")
 # probabilities then stay in the core's cache from the forward to the gradient instead of
 # streaming the whole [B, heads, T, T] tensor through memory five times. The attention
 # fwd+bwd of ViT-S at 224 px (B=32) drops ~30%, of the quickstart ViT ~40%
-# (tools/attention_ab.py); no gain for forward-only passes, which keep the plain path.
+# (tools/kernel_ab.py); no gain for forward-only passes, which keep the plain path.
 ATTENTION_CHUNK_BYTES = 3 * 2**20
 
 

@@ -1,0 +1,168 @@
+r"""A/B of one kernel choice of the models: the train step with the new and the old variant.
+
+  python -m vitboot_jax.tools.kernel_ab --config=configs/vits_cifar100.py --batch 32 \
+    --switch attention_chunks --modes vit,shared --steps 5 [--dtype bfloat16]
+
+Switches (SWITCHES): `attention_chunks`, training attention in rematerialised batch slices
+(models/vit.py; on CPU by default) against the whole-batch attention; `erf_gelu`, GELU written
+with erf (models/common.py) against jax's erfc form.
+
+Both variants of each mode are compiled as the benchmark compiles them
+(`benchmark.compile_mode_step`) and timed alternately, step by step, in one process, so a noisy
+or shared machine slows both alike and the ratio stays meaningful.
+
+Output, one JSON object per mode: {"switch", "mode", "batch", "step_s_old", "step_s_new",
+"speedup" (old / new median), ...}.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import ml_collections
+from absl import app, flags
+from flax import linen as nn
+from ml_collections import config_flags
+
+from vitboot_jax import sharding
+from vitboot_jax.models import common
+from vitboot_jax.models import vit as vit_lib
+from vitboot_jax.tools import benchmark
+
+
+def _erfc_gelu(x: jax.Array) -> jax.Array:
+  return nn.gelu(x, approximate=False)
+
+
+# switch -> (module, attribute, new value, old value); the attribute is read while tracing.
+SWITCHES = {
+  "attention_chunks": (vit_lib, "attention_in_chunks", lambda: True, lambda: False),
+  "erf_gelu": (common, "gelu", common.gelu, _erfc_gelu),
+}
+
+
+def _compile(config, mode: str, mesh, *, batch: int, dtype: str | None, switch: str, new: bool):
+  module, name, new_value, old_value = SWITCHES[switch]
+  original = getattr(module, name)
+  setattr(module, name, new_value if new else old_value)
+  try:
+    return benchmark.compile_mode_step(config, mode, mesh, batch=batch, dtype=dtype)
+  finally:
+    setattr(module, name, original)
+
+
+def compare_mode(
+  config: ml_collections.ConfigDict,
+  mode: str,
+  mesh: jax.sharding.Mesh,
+  *,
+  switch: str,
+  batch: int,
+  steps: int,
+  warmup: int,
+  dtype: str | None = None,
+) -> dict[str, Any]:
+  """Median step times of the old and the new variant, timed alternately."""
+  variants = {
+    name: _compile(config, mode, mesh, batch=batch, dtype=dtype, switch=switch, new=name == "new")
+    for name in ("old", "new")
+  }
+  for step in variants.values():
+    for _ in range(warmup):
+      jax.block_until_ready(step())
+  times: dict[str, list[float]] = {name: [] for name in variants}
+  for _ in range(steps):
+    for name, step in variants.items():
+      start = time.perf_counter()
+      jax.block_until_ready(step())
+      times[name].append(time.perf_counter() - start)
+  old, new = (statistics.median(times[name]) for name in ("old", "new"))
+  row = {
+    "switch": switch,
+    "mode": mode,
+    "batch": batch,
+    "image_size": config.image_size,
+    "step_s_old": old,
+    "step_s_new": new,
+    "speedup": old / new,
+    "compute_dtype": variants["old"].config.compute_dtype,
+    "devices": mesh.size,
+  }
+  if switch == "attention_chunks":
+    model = variants["old"].config.model
+    tokens = (config.image_size // model.patch_size) ** 2 + 1
+    row["images_per_chunk"] = vit_lib.images_per_chunk(batch, model.num_heads, tokens)
+    row["chunk_bytes"] = vit_lib.ATTENTION_CHUNK_BYTES
+  return row
+
+
+def run(
+  config: ml_collections.ConfigDict,
+  *,
+  switch: str,
+  batch: int,
+  steps: int,
+  warmup: int,
+  modes: Sequence[str],
+  dtype: str | None = None,
+  emit: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+  if switch not in SWITCHES:
+    raise ValueError(f"--switch={switch!r} is unknown; choose one of {sorted(SWITCHES)}")
+  if steps < 1:
+    raise ValueError(f"--steps={steps} must be at least 1")
+  mesh = sharding.make_mesh()
+  rows = []
+  for mode in modes:
+    if switch == "attention_chunks" and mode == "agent":
+      raise ValueError("--modes: the agent has no attention; choose modes with a ViT")
+    rows.append(
+      compare_mode(
+        config, mode, mesh, switch=switch, batch=batch, steps=steps, warmup=warmup, dtype=dtype
+      )
+    )
+    emit(json.dumps(rows[-1]))
+  return rows
+
+
+_FLAGS: dict[str, Any] = {}
+
+
+def define_flags() -> None:
+  _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
+  _FLAGS["switch"] = flags.DEFINE_enum("switch", None, sorted(SWITCHES), "Kernel choice to A/B.")
+  _FLAGS["batch"] = flags.DEFINE_integer("batch", 0, "Global batch size; 0: config.batch_size.")
+  _FLAGS["steps"] = flags.DEFINE_integer("steps", 5, "Timed steps per variant (median).")
+  _FLAGS["warmup"] = flags.DEFINE_integer("warmup", 1, "Untimed steps after compilation.")
+  _FLAGS["modes"] = flags.DEFINE_list("modes", ["vit", "shared"], "Modes to time.")
+  _FLAGS["dtype"] = flags.DEFINE_enum(
+    "dtype", None, ["float32", "bfloat16"], "Sets config.compute_dtype."
+  )
+  flags.mark_flags_as_required(["config", "switch"])
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  value = {name: holder.value for name, holder in _FLAGS.items()}
+  config = value["config"]
+  run(
+    config,
+    switch=value["switch"],
+    batch=value["batch"] or config.batch_size,
+    steps=value["steps"],
+    warmup=value["warmup"],
+    modes=[m.strip() for m in value["modes"] if m.strip()],
+    dtype=value["dtype"],
+    emit=functools.partial(print, flush=True),
+  )
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
