@@ -35,5 +35,8 @@ def get_config(arg=None):
   configlib.apply_method_args(c, args)
   c.num_epochs = int(args.get("epochs", 5))
   c.checkpoint_every_steps = 200
+  # A full evaluation of both models on the 10,000 test images costs ~1 min on 2 CPU cores, 2/3
+  # of a training epoch: evaluating after epochs 3 and 5 instead of all 5 saves ~3 minutes.
+  c.eval_every_epochs = 3
   c.log_every_steps = 20
   return c

@@ -189,6 +189,7 @@ def test_printed_commands(tmp_path):
     assert flags["--config.seed"] == seed and flags["--config.data.dir"] == "/data/c10"
     assert flags["--config"].startswith("configs/quickstart.py:mode=")
     assert flags["--config"].endswith(",epochs=4") and flags["--config.batch_size"] == "32"
+    assert flags["--config.eval_every_epochs"] == "1"  # Per-epoch curves.
   assert set(by_workdir) == {f"{r.name}_seed{s}" for r in replication.ROWS for s in (0, 1)}
   cmd, flags = by_workdir["shared_noalign_seed1"]
   assert flags["--config.align"] == "none" and flags["--config"].endswith(":mode=shared,epochs=4")

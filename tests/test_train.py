@@ -202,6 +202,7 @@ def test_two_processes_train_and_agree(uninterrupted, image_folder, tmp_path):
     ("--config.data.dir=/nonexistent/cifar", "config.data.dir"),
     ("--config.data.train_fraction=1.5", "config.data.train_fraction"),
     ("--config.batch_size=12", "config.batch_size=12 is not divisible by the 8 devices"),
+    ("--config.eval_every_epochs=0", "config.eval_every_epochs=0 must be a positive integer"),
   ],
 )
 def test_bad_input_fails_fast_naming_the_field(override, message, tmp_path):
@@ -248,6 +249,7 @@ def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
   config.num_epochs = 2  # 48 examples / batch 16: 3 steps per epoch, 6 in all; stop at 4.
   config.total_steps = 4
   config.checkpoint_every_steps = 2
+  config.eval_every_epochs = 2  # Every 6 steps: only the last step (4) is evaluated.
   with tfds.testing.mock_data(num_examples=48):
     final = train.train_and_evaluate(config, str(tmp_path / "mock"))
   assert final["step"] == 4 and final["count"] == 48.0
@@ -255,3 +257,17 @@ def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
   records = _metrics(tmp_path / "mock")
   assert [r["step"] for r in records if "train/loss_vit" in r] == [1, 2, 3, 4]
   assert records[-1]["eval/count"] == 48.0
+  assert [r["step"] for r in records if "eval/count" in r] == [4]
+
+
+def test_eval_interval_counts_steps_or_epochs():
+  import ml_collections
+
+  from vitboot_jax import train
+
+  config = ml_collections.ConfigDict({"eval_every_steps": -1, "eval_every_epochs": 1})
+  assert train.eval_interval(config, steps_per_epoch=78) == 78
+  config.eval_every_epochs = 2
+  assert train.eval_interval(config, steps_per_epoch=78) == 156
+  config.eval_every_steps = 100  # An explicit step interval wins.
+  assert train.eval_interval(config, steps_per_epoch=78) == 100

@@ -54,7 +54,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_epochs = 240
   c.total_steps = -1  # > 0 caps training (smoke runs); -1 trains num_epochs.
   c.log_every_steps = 50
-  c.eval_every_steps = -1  # -1: evaluate at the end of every epoch.
+  c.eval_every_steps = -1  # > 0: evaluate every N steps; -1: every eval_every_epochs epochs.
+  c.eval_every_epochs = 1  # With eval_every_steps=-1: after every N-th epoch (and at the end).
   c.checkpoint_every_steps = 1000
   c.keep_checkpoints = 3
   c.compute_dtype = "float32"  # "bfloat16" on GPU/TPU.
@@ -290,6 +291,11 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     raise ValueError(f"config.data.train_fraction={c.data.train_fraction} must be in (0, 1]")
   if c.batch_size <= 0:
     raise ValueError(f"config.batch_size={c.batch_size} must be positive")
+  if not isinstance(c.eval_every_epochs, int) or c.eval_every_epochs < 1:
+    raise ValueError(
+      f"config.eval_every_epochs={c.eval_every_epochs!r} must be a positive integer "
+      "(or set config.eval_every_steps > 0)"
+    )
   if num_devices is not None and c.batch_size % num_devices:
     raise ValueError(
       f"config.batch_size={c.batch_size} is not divisible by the {num_devices} devices; "

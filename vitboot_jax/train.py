@@ -42,6 +42,13 @@ def _total_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int
   return min(total, config.total_steps) if config.total_steps > 0 else total
 
 
+def eval_interval(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
+  """Steps between evaluations (the last step is always evaluated as well)."""
+  if config.eval_every_steps > 0:
+    return config.eval_every_steps
+  return steps_per_epoch * config.eval_every_epochs
+
+
 def _check_same_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
   """A workdir belongs to one config: refuse to resume it with different hyper-parameters."""
   path = workdir / CONFIG_FILE
@@ -50,7 +57,13 @@ def _check_same_config(workdir: epath.Path, config: ml_collections.ConfigDict) -
   saved = json.loads(path.read_text())
   current = json.loads(config.to_json_best_effort())
   # Fields that may change between runs without changing the experiment.
-  volatile = {"log_every_steps", "checkpoint_every_steps", "keep_checkpoints", "eval_every_steps"}
+  volatile = {
+    "log_every_steps",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "eval_every_steps",
+    "eval_every_epochs",
+  }
   changed = sorted(
     k for k in set(saved) | set(current) if k not in volatile and saved.get(k) != current.get(k)
   )
@@ -152,7 +165,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     batches = (sharding.global_batch(b, mesh) for b in eval_dataset.as_numpy_iterator())
     return evaluate.evaluate(eval_step, state.params, state.batch_stats, batches)
 
-  eval_every = config.eval_every_steps if config.eval_every_steps > 0 else steps_per_epoch
+  eval_every = eval_interval(config, steps_per_epoch)
   progress = _Progress(total_steps, steps_per_epoch, config.batch_size, start_step)
   logging.info(
     "Training %s (%s) for %d steps (%d per epoch, %d examples) on %d devices, %d processes",

@@ -137,6 +137,7 @@ def command(
     f"--workdir={workdir(root, row, seed)}",
     f"--config.seed={seed}",
     f"--config.data.dir={data_dir}",
+    "--config.eval_every_epochs=1",  # Curves per epoch (the quickstart evaluates every 3rd).
     *row.overrides,
     *extra,
   ]
