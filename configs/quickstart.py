@@ -9,10 +9,10 @@ Model: ViT 144-d, 6 layers, 9 heads, patch 4 (8x8 tokens); agent with the small 
 Args: mode=shared|joint|vit|agent (default shared), epochs=N (default 5), method switches.
 
 Measured on the 2-core CPU VM (1 device, default args = 5 epochs, seed 0; README "Measured
-results"): final top-1 on the 10,000 test images ViT 23.27% / agent 30.08%; alone (mode=vit,
-mode=agent) 42.37% / 41.69%. At this scale the agent does not help the ViT: the feature term
-(weight 5) holds it back (feature_vit=0: ViT 39.79% / agent 44.04%). Commit 84535cd: ViT
-23.19% / agent 30.12% in 11.9 min wall on the idle 2-core VM (README "Quickstart").
+results"): commit abc6ec9, 10.0 min wall on the idle VM, final top-1 on the 10,000 test images
+ViT 23.30% / agent 30.08%; alone (mode=vit, mode=agent; 2 seeds) 42.05% / 42.53%. At this scale
+the agent does not help the ViT: the feature term (weight 5) holds it back (feature_vit=0: ViT
+39.79% / agent 44.04%).
 """
 
 from vitboot_jax import configlib
