@@ -46,10 +46,11 @@ def _write_metrics(workdir, mode, epochs=3, log_every=2):
   (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
-def _write_final(workdir, top1, epochs=3.0, seconds=100.0, mode="vit"):
+def _write_final(workdir, top1, epochs=3.0, seconds=100.0, mode="vit", resumed_from_step=0):
   workdir.mkdir(parents=True, exist_ok=True)
   final = {"step": 30, "epochs": epochs, "mode": mode, "count": 10000.0}
   final["train_seconds_this_run"] = seconds
+  final["resumed_from_step"] = resumed_from_step
   final.update({f"top1_{m}": v for m, v in top1.items()})
   (workdir / "final.json").write_text(json.dumps(final))
 
@@ -116,7 +117,8 @@ def test_aggregate_mean_spread_and_missing_rows(tmp_path):
   _write_final(tmp_path / "vit_seed0", {"vit": 0.50}, seconds=100.0)
   _write_final(tmp_path / "vit_seed1", {"vit": 0.54}, seconds=120.0)
   _write_final(tmp_path / "shared_noalign_seed0", {"vit": 0.60, "agent": 0.70}, mode="shared")
-  _write_final(tmp_path / "shared_noalign_seed1", {"vit": 0.64, "agent": 0.66}, mode="shared")
+  resumed = {"mode": "shared", "resumed_from_step": 9}
+  _write_final(tmp_path / "shared_noalign_seed1", {"vit": 0.64, "agent": 0.66}, **resumed)
   _write_final(tmp_path / "joint_seed0", {"vit": 0.61, "agent": 0.62}, epochs=5.0, mode="joint")
   (tmp_path / "agent_seed0").mkdir()  # Started, no final.json yet.
 
@@ -137,6 +139,7 @@ def test_aggregate_mean_spread_and_missing_rows(tmp_path):
   assert shared["top1_agent"]["mean"] == pytest.approx(68.0)
   assert shared["top1_agent"]["std"] == pytest.approx(math.sqrt(8.0))
   assert shared["overrides"] == ["--config.align=none"]
+  assert shared["seeds_resumed"] == [1] and vit["seeds_resumed"] == []
 
   joint = by_name["joint"]
   assert joint["status"] == "partial (1/2 seeds)" and joint["top1_vit"]["std"] is None
@@ -152,6 +155,11 @@ def test_aggregate_mean_spread_and_missing_rows(tmp_path):
   table = (tmp_path / "table.md").read_text()
   assert "| ViT alone | 52.00 ± 2.83 [50.00, 54.00] | — | done |" in table
   assert "61.00 (1 seed)" in table and "(!)" in table
+  # A resumed seed's final.json times only the steps after the resume: its row is marked.
+  lines = table.splitlines()
+  assert "(*)" in next(line for line in lines if "official: summed" in line)
+  assert "(*)" not in next(line for line in lines if line.startswith("| ViT alone"))
+  assert any(line.startswith("(*) a seed of this row resumed") for line in lines)
   mimetic_line = next(line for line in table.splitlines() if "mimetic" in line)
   assert "not run" in mimetic_line
 

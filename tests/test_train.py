@@ -91,7 +91,7 @@ def test_end_to_end_outputs(uninterrupted):
     assert (workdir / name).exists(), name
   assert list(workdir.glob("events.out.tfevents*"))
   final = json.loads((workdir / "final.json").read_text())
-  assert final["step"] == 30 and final["count"] == 40.0
+  assert final["step"] == 30 and final["count"] == 40.0 and final["resumed_from_step"] == 0
   for model in ("vit", "agent"):
     assert 0.0 <= final[f"top1_{model}"] <= 1.0 and final[f"top5_{model}"] >= final[f"top1_{model}"]
   records = _metrics(workdir)
@@ -136,6 +136,7 @@ def test_resume_after_sigkill_matches_uninterrupted(uninterrupted, image_folder,
   _run(workdir, image_folder)
   want = json.loads((uninterrupted / "final.json").read_text())
   got = json.loads((workdir / "final.json").read_text())
+  assert got["resumed_from_step"] >= 12
   for key in ("top1_vit", "top1_agent", "ce_vit", "ce_agent"):
     assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
   # Same train losses at every step, no duplicated steps after the resume.

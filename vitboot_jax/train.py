@@ -208,6 +208,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     "epochs": total_steps / steps_per_epoch,
     "mode": config.mode,
     "train_seconds_this_run": time.perf_counter() - train_start,
+    # > 0 when this run continued a checkpoint: the time above then covers only this run's steps.
+    "resumed_from_step": start_step,
     **{k.replace("eval/", ""): v for k, v in eval_metrics.items()},
   }
   if jax.process_index() == 0:

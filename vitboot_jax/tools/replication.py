@@ -28,7 +28,8 @@ lists every row); --override adds a flag to every run alike.
 Then ROOT/table.md and ROOT/table.json get per row the mean and spread (sample std, min-max) of
 the final-epoch ViT and agent top-1 over the finished seeds, the epochs, the training wall time
 (sum over seeds of final.json's `train_seconds_this_run`: the training loop with its
-compilation and evaluations, not the start-up before it) and the commit; ROOT/curves.png gets
+compilation and evaluations, not the start-up before it; marked (*) when a seed resumed, as it then
+counts only the steps after the resume) and the commit; ROOT/curves.png gets
 the first seed's curves (tools/plot.py, needs matplotlib). Without --run only the commands and
 the table so far are printed (and the files written if ROOT exists), so it also reports runs
 launched elsewhere.
@@ -200,6 +201,8 @@ def aggregate(
       "epochs": run_epochs,
       "epochs_match": all(math.isclose(e, epochs) for e in run_epochs),
       "train_seconds": sum(float(f.get("train_seconds_this_run", 0.0)) for f in finals.values()),
+      # final.json times only the last run of a workdir, so a resumed seed's time is too short.
+      "seeds_resumed": sorted(s for s, f in finals.items() if f.get("resumed_from_step", 0) > 0),
     }
     for model in ("vit", "agent"):
       values = [100.0 * f[f"top1_{model}"] for f in finals.values() if f"top1_{model}" in f]
@@ -248,11 +251,12 @@ def table_markdown(report: dict[str, Any]) -> str:
   for r in report["rows"]:
     epochs = ", ".join(f"{e:.3g}" for e in r["epochs"]) + ("" if r["epochs_match"] else " (!)")
     config = " ".join([r["config"].split(":", 1)[1], *r["overrides"]])
+    duration = format_duration(r["train_seconds"]) + (" (*)" if r["seeds_resumed"] else "")
     lines.append(
       f"| {r['description']} | {_format_top1(r['top1_vit'], 'vit' in r['models'])} "
       f"| {_format_top1(r['top1_agent'], 'agent' in r['models'])} | {r['status']} "
       f"| {','.join(map(str, r['seeds_done'])) or '—'} | {epochs or '—'} "
-      f"| {format_duration(r['train_seconds']) if r['seeds_done'] else '—'} | `{config}` |"
+      f"| {duration if r['seeds_done'] else '—'} | `{config}` |"
     )
   lines += [
     "",
@@ -262,6 +266,10 @@ def table_markdown(report: dict[str, Any]) -> str:
   ]
   if report["extra_overrides"]:
     lines.append(f"Flags of every run: `{' '.join(report['extra_overrides'])}`.")
+  if any(r["seeds_resumed"] for r in report["rows"]):
+    lines.append(
+      "(*) a seed of this row resumed from a checkpoint: its time counts only the steps after it."
+    )
   if not all(r["epochs_match"] for r in report["rows"]):
     lines.append(f"(!) a finished run of this row trained other than {report['epochs']:g} epochs.")
   if report.get("curves"):
