@@ -292,10 +292,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   if c.batch_size <= 0:
     raise ValueError(f"config.batch_size={c.batch_size} must be positive")
   if not isinstance(c.eval_every_epochs, int) or c.eval_every_epochs < 1:
-    raise ValueError(
-      f"config.eval_every_epochs={c.eval_every_epochs!r} must be a positive integer "
-      "(or set config.eval_every_steps > 0)"
-    )
+    raise ValueError(f"config.eval_every_epochs={c.eval_every_epochs!r} must be a positive integer")
   if num_devices is not None and c.batch_size % num_devices:
     raise ValueError(
       f"config.batch_size={c.batch_size} is not divisible by the {num_devices} devices; "
