@@ -31,3 +31,33 @@ def cifar10_dir():
   if not (CIFAR10_DIR / "train").is_dir():
     pytest.skip(f"CIFAR-10 image folder not found at {CIFAR10_DIR} (../shared is absent)")
   return CIFAR10_DIR
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory):
+  """10 classes x (16 train, 4 test) random 32x32 PNGs: 10 steps per epoch at batch 16."""
+  import numpy as np
+  import tensorflow as tf
+
+  root = tmp_path_factory.mktemp("folder")
+  rng = np.random.default_rng(0)
+  for split, n in (("train", 16), ("test", 4)):
+    for c in range(10):
+      d = root / split / f"class{c}"
+      d.mkdir(parents=True)
+      for i in range(n):
+        # A class-dependent colour so the models can learn something in a few steps.
+        img = rng.integers(0, 60, (32, 32, 3)) + np.array([c * 20, 255 - c * 20, 100])
+        png = tf.io.encode_png(np.clip(img, 0, 255).astype(np.uint8)).numpy()
+        (d / f"{i:03d}.png").write_bytes(png)
+  return root
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(image_folder, tmp_path_factory):
+  """The tiny config trained start to end in one go: the reference for every resumed run."""
+  from tests.runs import run
+
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  run(workdir, image_folder)
+  return workdir

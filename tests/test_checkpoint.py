@@ -169,28 +169,34 @@ def test_killed_save_tmp_dir_is_ignored_then_replaced(tmp_path, mesh):
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
   assert step == 30
   assert_same(restored, make_state(mesh, seed=30))
-  assert sorted(os.listdir(root)) == ["10", "20", "30"]
+  assert sorted(os.listdir(root)) == ["10", "20", "30", ckpt_lib.INCOMPLETE_SUBDIR]
+  assert [p.split("-")[0] for p in os.listdir(root / ckpt_lib.INCOMPLETE_SUBDIR)] == ["30.orbax"]
 
 
-def test_step_without_commit_marker_is_ignored_and_kept(tmp_path, mesh):
+def test_step_without_commit_marker_is_moved_aside_and_saved_again(tmp_path, mesh):
+  # A kill mid-save can leave `<step>` without the marker; the resumed run reaches that step again.
   _save_steps(tmp_path, mesh, [10, 20])
   root = tmp_path / "checkpoints"
   shutil.copytree(root / "20", root / "30")
   os.remove(root / "30" / ckpt_lib.COMMIT_MARKER)
   before = snapshot(root / "30")
+  complete_before = snapshot(root / "20")
 
-  with ckpt_lib.Checkpointer(tmp_path, keep=1) as ckpt:
+  with ckpt_lib.Checkpointer(tmp_path, keep=2) as ckpt:
     assert ckpt.all_steps() == [10, 20]
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
     assert step == 20
     assert_same(restored, make_state(mesh, seed=20))
-    # Saving the same step over it is refused with the fix, not failed in a background thread.
-    with pytest.raises(ckpt_lib.CheckpointError, match=r"checkpoints/30 exists.*Move it out"):
-      ckpt.save(30, make_state(mesh), force=True)
-    # keep=1 must drop the older complete step, never the newest complete one.
-    assert ckpt.save(25, make_state(mesh, seed=25), force=True)
-  assert sorted(os.listdir(root)) == ["25", "30"]
-  assert snapshot(root / "30") == before
+    assert ckpt.save(30, make_state(mesh, seed=30), force=True)
+  assert sorted(os.listdir(root)) == ["20", "30", ckpt_lib.INCOMPLETE_SUBDIR]
+  (moved,) = os.listdir(root / ckpt_lib.INCOMPLETE_SUBDIR)
+  assert moved.startswith("30-")
+  assert snapshot(root / ckpt_lib.INCOMPLETE_SUBDIR / moved) == before  # Moved, not changed.
+  assert snapshot(root / "20") == complete_before
+  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+    restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
+  assert step == 30
+  assert_same(restored, make_state(mesh, seed=30))
 
 
 def _truncate_data_files(step_dir):

@@ -1,88 +1,20 @@
 """End-to-end training: outputs, resume after SIGKILL, 1 vs 8 devices, 2 processes, bad input."""
 
 import json
-import os
-import pathlib
 import signal
 import socket
 import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-TINY = str(REPO / "configs" / "tiny_test.py")
-
-
-@pytest.fixture(scope="module")
-def image_folder(tmp_path_factory):
-  """10 classes x (16 train, 4 test) random 32x32 PNGs: 10 steps per epoch at batch 16."""
-  import tensorflow as tf
-
-  root = tmp_path_factory.mktemp("folder")
-  rng = np.random.default_rng(0)
-  for split, n in (("train", 16), ("test", 4)):
-    for c in range(10):
-      d = root / split / f"class{c}"
-      d.mkdir(parents=True)
-      for i in range(n):
-        # A class-dependent colour so the models can learn something in a few steps.
-        img = rng.integers(0, 60, (32, 32, 3)) + np.array([c * 20, 255 - c * 20, 100])
-        png = tf.io.encode_png(np.clip(img, 0, 255).astype(np.uint8)).numpy()
-        (d / f"{i:03d}.png").write_bytes(png)
-  return root
-
-
-def _env(devices: int) -> dict[str, str]:
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-  return env
-
-
-def _command(workdir, folder, *overrides, config=TINY):
-  return [
-    sys.executable,
-    "-m",
-    "vitboot_jax.main",
-    f"--config={config}",
-    f"--workdir={workdir}",
-    f"--config.data.dir={folder}",
-    "--config.num_epochs=3",
-    "--config.checkpoint_every_steps=4",
-    "--config.log_every_steps=1",
-    *overrides,
-  ]
-
-
-def _run(workdir, folder, *overrides, devices=1, config=TINY, timeout=600):
-  proc = subprocess.run(
-    _command(workdir, folder, *overrides, config=config),
-    env=_env(devices),
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-  )
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return proc
-
-
-def _metrics(workdir):
-  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _train_losses(records):
-  return {r["step"]: r["train/loss_vit"] for r in records if "train/loss_vit" in r}
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(image_folder, tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("uninterrupted")
-  _run(workdir, image_folder)
-  return workdir
+from tests.runs import REPO, TINY
+from tests.runs import command as _command
+from tests.runs import env as _env
+from tests.runs import metrics as _metrics
+from tests.runs import run as _run
+from tests.runs import train_losses as _train_losses
 
 
 def test_end_to_end_outputs(uninterrupted):

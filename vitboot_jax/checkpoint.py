@@ -8,7 +8,12 @@ is on disk, writes `commit_success.txt` into it and renames it to `<step>` (atom
 object stores (gs://) it writes in place and the marker alone marks the commit. So a step counts
 only if its directory has the final name AND holds `commit_success.txt`; both are checked through
 the step-name format handed to orbax, so orbax's own step list, its keep-last-K deletion and its
-restore never see a save that a kill cut short. Such leftovers are ignored, never deleted.
+restore never see a save that a kill cut short. A step directory without the marker would block
+the resumed run from saving that step again, so it is moved aside into
+`checkpoints/incomplete/<name>-<UTC time>` (logged), never deleted.
+
+Writing. A save that fails (full disk, lost permissions, quota) raises `CheckpointSaveError`
+naming the directory, the cause and the newest complete step, which is left intact.
 
 Corruption. A complete step whose files cannot be read (truncated, garbled) is not skipped
 silently: restoring an older step would quietly lose training. `restore_latest` raises
@@ -19,7 +24,12 @@ raises `CheckpointMismatchError`, and a bad requested sharding a plain `Checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import os
+import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +46,8 @@ CHECKPOINT_SUBDIR = "checkpoints"
 # Written by orbax 0.12 into every step directory at commit, in both atomicity modes.
 COMMIT_MARKER = "commit_success.txt"
 _TMP_TAG = ".orbax-checkpoint-tmp"
+# Where step directories of saves that never finished are moved, out of orbax's sight.
+INCOMPLETE_SUBDIR = "incomplete"
 # The item name orbax gives a single unnamed item (the step's `default/` subdirectory).
 _ITEM = "default"
 
@@ -50,6 +62,10 @@ class CorruptCheckpointError(CheckpointError):
 
 class CheckpointMismatchError(CheckpointError):
   """A readable checkpoint whose tree or shapes differ from the state being restored."""
+
+
+class CheckpointSaveError(CheckpointError):
+  """A save failed (full disk, permissions); the complete checkpoints before it are intact."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +141,7 @@ class Checkpointer:
     self._directory = workdir / CHECKPOINT_SUBDIR
     self._save_every = save_every_steps
     self._name_format = _CommittedStepsFormat()
+    self._set_aside_incomplete()
     # Registered up front so a fresh manager can read a step's metadata before any restore.
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
     for args_type in (ocp.args.StandardSave, ocp.args.StandardRestore):
@@ -139,7 +156,6 @@ class Checkpointer:
       ),
       handler_registry=registry,
     )
-    self._log_leftovers()
 
   @property
   def directory(self) -> epath.Path:
@@ -158,11 +174,8 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def should_save(self, step: int) -> bool:
-    """Whether `save(step, ...)` without force writes; call it on all processes every step."""
-    periodic = bool(self._save_every) and step > 0 and step % self._save_every == 0
-    # Always evaluated: the preemption check is a collective that every step must take part in.
-    preempted = self._manager.reached_preemption(step)
-    return periodic or preempted
+    """Whether `save(step, ...)` without force writes: a positive multiple of the interval."""
+    return bool(self._save_every) and step > 0 and step % self._save_every == 0
 
   def save(self, step: int, state: PyTree, *, force: bool = False) -> bool:
     """Saves `state` as step `step` if it is due (or `force`); returns whether it saved.
@@ -171,21 +184,16 @@ class Checkpointer:
     and Python scalars. A step that is already saved is left untouched, never overwritten.
     """
     step = int(step)
-    due = self.should_save(step)
-    if not (force or due):
+    if not (force or self.should_save(step)):
       return False
-    if step in self._manager.all_steps():
-      logging.info("Checkpoint for step %d already exists; not overwriting it.", step)
-      return False
-    step_dir = self.step_dir(step)
-    if step_dir.exists():
-      raise CheckpointError(
-        f"{step_dir} exists but has no {COMMIT_MARKER}: it is a save that never finished, and "
-        f"orbax cannot write step {step} over it. Move it out of {self._directory} (it is not "
-        "used for resuming) and restart."
-      )
-    # Due-ness is decided above; force=True keeps orbax from re-deciding with its own policy.
-    return self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+    with self._naming_save_failures(step):
+      if step in self._manager.all_steps():
+        logging.info("Checkpoint for step %d already exists; not overwriting it.", step)
+        return False
+      if self.step_dir(step).exists():  # Appeared after start-up (e.g. a concurrent copy).
+        self._set_aside_incomplete()
+      # Due-ness is decided above; force=True keeps orbax from re-deciding with its own policy.
+      return self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
   def restore(self, abstract_state: PyTree, step: int) -> PyTree:
     """Restores step `step` with the dtypes and shardings of `abstract_state`.
@@ -224,28 +232,70 @@ class Checkpointer:
 
   def wait(self) -> None:
     """Blocks until any asynchronous save has been committed (and re-raises its error)."""
-    self._manager.wait_until_finished()
+    with self._naming_save_failures(None):
+      self._manager.wait_until_finished()
 
   def close(self) -> None:
     """Completes pending saves and releases orbax's threads."""
-    self._manager.wait_until_finished()
+    self.wait()
     self._manager.close()
+
+  @contextlib.contextmanager
+  def _naming_save_failures(self, step: int | None) -> Iterator[None]:
+    """Turns a failed write (often reported by a background save) into CheckpointSaveError."""
+    try:
+      yield
+    except CheckpointError:
+      raise
+    except Exception as error:
+      cause = _os_error(error)
+      if cause is None:
+        raise
+      code, reason = cause
+      complete = [s for s in sorted(self._manager.all_steps()) if self._is_complete(s)]
+      kept = f"step {complete[-1]}" if complete else "none yet"
+      what = f"step {step}" if step is not None else "a checkpoint"
+      raise CheckpointSaveError(
+        f"Saving {what} under {self._directory} failed: {reason}. "
+        f"{_WRITE_FIX.get(code, 'Fix the cause')} and re-run the same command; it resumes "
+        f"from the newest complete checkpoint ({kept}), which is intact."
+      ) from error
+
+  def _is_complete(self, step: int) -> bool:
+    return _has_marker(self.step_dir(step))
+
+  def _set_aside_incomplete(self) -> None:
+    """Moves step directories of unfinished saves to `incomplete/`, so their steps can be saved.
+
+    Orbax replaces its own `<step>.orbax-checkpoint-tmp` leftovers; a `<step>` without the
+    commit marker (the name orbax would write to) it cannot, and a resumed run reaches that step
+    again. Process 0 moves; every process waits for it.
+    """
+    if jax.process_index() == 0 and self._directory.exists():
+      stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+      for entry in sorted(self._directory.iterdir()):
+        name = entry.name
+        unfinished_tmp = _TMP_TAG in name
+        if not (unfinished_tmp or (name.isdigit() and not _has_marker(entry))):
+          continue
+        target = self._directory / INCOMPLETE_SUBDIR / f"{name}-{stamp}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        entry.rename(target)
+        logging.warning(
+          "Moved %s aside to %s: its save never finished (no %s), so it is not used for resuming. "
+          "Delete it to free the space.",
+          entry,
+          target,
+          COMMIT_MARKER,
+        )
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("vitboot_jax.checkpoint.set_aside_incomplete")
 
   def __enter__(self) -> Checkpointer:
     return self
 
   def __exit__(self, *exc_info: object) -> None:
     self.close()
-
-  def _log_leftovers(self) -> None:
-    """Names the temporary directories of saves cut short, so a user knows why they stay."""
-    if jax.process_index() != 0 or not self._directory.exists():
-      return
-    leftovers = sorted(p.name for p in self._directory.iterdir() if _TMP_TAG in p.name)
-    if leftovers:
-      logging.warning(
-        "Ignoring unfinished checkpoint saves in %s: %s.", self._directory, ", ".join(leftovers)
-      )
 
   def _explain_failure(self, step: int, abstract_state: PyTree, error: Exception) -> Exception:
     """Tells damaged files (drop the step) from a changed model or sharding (keep the files).
@@ -299,6 +349,35 @@ class Checkpointer:
       "damaged (e.g. truncated by a full disk or an interrupted copy). Nothing was deleted. "
       f"{fallback}, delete the directory {step_dir} and restart. Cause: {cause}"
     )
+
+
+_WRITE_FIX = {
+  errno.ENOSPC: "Free disk space (or move the workdir to a larger disk)",
+  errno.EDQUOT: "Free space within your disk quota",
+  errno.EACCES: "Make the workdir writable",
+  errno.EPERM: "Make the workdir writable",
+  errno.EROFS: "Use a workdir on a writable file system",
+}
+
+
+def _os_error(error: BaseException) -> tuple[int, str] | None:
+  """(errno, reason) of the OS failure behind `error`, if any.
+
+  Orbax re-raises the OSErrors of its own writes; tensorstore reports its writes as ValueError
+  text carrying `[os_error_code='28']`.
+  """
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno is not None:
+      return error.errno, f"{os.strerror(error.errno)} ({error.filename or error})"
+    found = re.search(r"os_error_code='(\d+)'", str(error))
+    if found:
+      code = int(found.group(1))
+      path = re.search(r'Failed writing: "([^"]+)"', str(error))
+      return code, os.strerror(code) + (f" ({path.group(1)})" if path else "")
+    error = error.__cause__ or error.__context__
+  return None
 
 
 def _first_line(error: Exception, limit: int = 300) -> str:

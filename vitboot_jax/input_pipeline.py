@@ -49,6 +49,10 @@ _AUTOTUNE = tf.data.AUTOTUNE
 _FOLDER_HINT = "point --config.data.dir at a folder with {split}/<class>/*.jpg (or .jpeg/.png)"
 
 
+class UnreadableImageError(ValueError):
+  """An image file or record that cannot be decoded; the message names it and the fix."""
+
+
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
   """Sizes the trainer needs before it sees any batch (schedules, logging, eval padding)."""
@@ -296,6 +300,9 @@ def _list_folder(
       f"config.data.dir={root!r}: no images under {split_dir}/<class>/; "
       + _FOLDER_HINT.format(split=split)
     )
+  empty = [p for p in paths if os.path.getsize(p) == 0]  # Interrupted copies; one stat each.
+  if empty:
+    raise UnreadableImageError(_unreadable_message(empty, "it is empty (0 bytes)"))
   out = np.array(paths), np.array(labels, np.int64)
   _LISTING_CACHE[key] = out
   return out
@@ -437,7 +444,7 @@ def train_batches(
   ds = train_dataset(
     config, start_step=start_step, process_index=process_index, process_count=process_count
   )
-  return iter(ds.as_numpy_iterator())
+  return numpy_batches(ds, config, config.data.train_split)
 
 
 def eval_dataset(
@@ -499,4 +506,54 @@ def eval_batches(
   the same number of batches.
   """
   ds = eval_dataset(config, process_index=process_index, process_count=process_count)
-  return iter(ds.as_numpy_iterator())
+  return numpy_batches(ds, config, config.data.eval_split)
+
+
+def numpy_batches(
+  ds: tf.data.Dataset, config: ml_collections.ConfigDict, split: str
+) -> Iterator[dict[str, np.ndarray]]:
+  """Iterates `ds` as numpy; a decoding failure names the unreadable file(s) of `split`."""
+  try:
+    yield from ds.as_numpy_iterator()
+  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError) as e:
+    raise UnreadableImageError(_find_unreadable(config, split, e)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Unreadable inputs: found only after TensorFlow failed to decode one, whose error names no file.
+
+
+def _unreadable_message(paths: list[str], why: str) -> str:
+  more = f" (and {len(paths) - 1} more: {', '.join(paths[1:4])}{', ...' if len(paths) > 4 else ''})"
+  return (
+    f"Cannot read image file {paths[0]}: {why}{more if len(paths) > 1 else ''}. Replace or "
+    "delete the file(s) and re-run the same command (a run in progress resumes from its last "
+    "checkpoint)."
+  )
+
+
+def _find_unreadable(config: ml_collections.ConfigDict, split: str, error: Exception) -> str:
+  """Decodes every image of `split` in parallel to name those TensorFlow cannot read."""
+  cause = str(error).strip().split("\n", 1)[0][:300]
+  if config.data.name != "folder":
+    return (
+      f"tfds dataset {config.data.name!r} (data_dir={config.data.dir}) has a record that cannot "
+      f"be decoded in split {split!r} ({type(error).__name__}: {cause}). Its prepared files are "
+      "damaged: delete the dataset's directory and prepare it again."
+    )
+  paths = _FolderSource(config)._listing(split)[0]
+
+  def decoded_shape(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    return path, tf.shape(preprocess.decode(tf.io.read_file(path)))  # Output keeps the decode.
+
+  ds = tf.data.Dataset.from_tensor_slices(paths).map(decoded_shape, num_parallel_calls=_AUTOTUNE)
+  good_paths = {p.decode() for p, _ in ds.ignore_errors().as_numpy_iterator()}
+  bad = [p for p in paths.tolist() if p not in good_paths]
+  if not bad:  # Not a file of this split after all: report TensorFlow's own words.
+    return f"Reading split {split!r} of {config.data.dir} failed: {type(error).__name__}: {cause}"
+  try:
+    preprocess.decode(tf.io.read_file(bad[0]))
+    why = "TensorFlow cannot decode it"
+  except tf.errors.OpError as own_error:  # The file's own error: "Invalid PNG data, size 1586".
+    why = own_error.message.split(" [Op:", 1)[0].strip()
+  return _unreadable_message(bad, f"it is not a complete JPEG/PNG image: {why}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging as logging_lib
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -85,7 +86,16 @@ def main(argv):
     jax.device_count(),
     jax.default_backend(),
   )
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  from vitboot_jax import checkpoint, preemption
+
+  try:
+    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except preemption.Preempted as stopped:
+    logging.warning("%s", stopped)
+    sys.exit(stopped.exit_code)
+  except (train.NonFiniteError, checkpoint.CheckpointSaveError) as error:
+    logging.error("%s", error)  # The message names the step, the files and the fix.
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from vitboot_jax import (
   evaluate,
   input_pipeline,
   metrics,
+  preemption,
   sharding,
   steps,
 )
@@ -71,6 +72,56 @@ def _check_same_config(workdir: epath.Path, config: ml_collections.ConfigDict) -
     raise ValueError(
       f"{workdir} holds a run with a different config (fields: {changed}); use a new --workdir "
       "or the original config to resume it"
+    )
+
+
+class NonFiniteError(FloatingPointError):
+  """A loss or gradient norm became NaN or infinite; nothing after the last good save is kept."""
+
+
+# Step metrics that are not loss terms or gradient norms, so they need not be finite.
+_NOT_CHECKED = ("train/lr", "train/feature_weight", "train/align_")
+
+
+class _FiniteCheck:
+  """Stops at the first non-finite loss or gradient norm, one step behind the device.
+
+  Reading step k's scalars while step k+1 runs keeps the device busy; `now()` checks the newest
+  step before anything is saved, so a non-finite state is never written.
+  """
+
+  def __init__(self, ckpt: checkpoint.Checkpointer):
+    self._ckpt = ckpt
+    self._pending: tuple[int, dict[str, jax.Array]] | None = None
+
+  def add(self, step: int, step_metrics: dict[str, jax.Array]) -> None:
+    """Checks the previous step, then queues `step`'s metrics."""
+    self.now()
+    checked = {k: v for k, v in step_metrics.items() if not k.startswith(_NOT_CHECKED)}
+    self._pending = (step, checked)
+
+  def now(self) -> None:
+    if self._pending is None:
+      return
+    step, pending = self._pending
+    self._pending = None
+    values = {k.removeprefix("train/"): float(v) for k, v in jax.device_get(pending).items()}
+    bad = sorted(k for k, v in values.items() if not np.isfinite(v))
+    if not bad:
+      return
+    self._ckpt.wait()
+    last = self._ckpt.latest_step()
+    saved = (
+      f"the newest complete checkpoint is step {last} ({self._ckpt.step_dir(last)})"
+      if last is not None
+      else "no checkpoint was saved yet"
+    )
+    raise NonFiniteError(
+      f"Non-finite {', '.join(bad)} at step {step}; nothing after it was saved and {saved}. "
+      f"Step {step}'s values: "
+      + " ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()))
+      + ". Lower the learning rate (config.optim.lr) or check the data; resuming this workdir "
+      "with the same config repeats the same steps."
     )
 
 
@@ -162,7 +213,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches decoded images.
 
   def run_eval(state: TrainState) -> dict[str, float]:
-    batches = (sharding.global_batch(b, mesh) for b in eval_dataset.as_numpy_iterator())
+    local = input_pipeline.numpy_batches(eval_dataset, config, config.data.eval_split)
+    batches = (sharding.global_batch(b, mesh) for b in local)
     return evaluate.evaluate(eval_step, state.params, state.batch_stats, batches)
 
   eval_every = eval_interval(config, steps_per_epoch)
@@ -180,24 +232,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_start = time.perf_counter()
   eval_metrics: dict[str, float] = {}
   batches = input_pipeline.train_batches(config, start_step=start_step)
-  for step in range(start_step + 1, total_steps + 1):
-    state, step_metrics = train_step(state, sharding.global_batch(next(batches), mesh))
-    is_last = step == total_steps
-    if step % config.log_every_steps == 0 or is_last:
-      scalars = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-      scalars.update(progress(step, scalars))
-      if not np.isfinite(scalars["train/grad_norm"]):
-        raise FloatingPointError(f"non-finite gradient at step {step}: {scalars}")
-      writer.write(step, {"epoch": step / steps_per_epoch, **scalars})
-    if step % eval_every == 0 or is_last:
-      eval_metrics = run_eval(state)
-      writer.write(step, {"epoch": step / steps_per_epoch, **eval_metrics})
-      logging.info(
-        "eval step %d: %s",
-        step,
-        " ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items() if "top1" in k),
-      )
-    ckpt.save(step, state, force=is_last)
+  finite = _FiniteCheck(ckpt)
+  with preemption.StopSignals() as stop:
+    for step in range(start_step + 1, total_steps + 1):
+      state, step_metrics = train_step(state, sharding.global_batch(next(batches), mesh))
+      finite.add(step, step_metrics)
+      is_last = step == total_steps
+      if step % config.log_every_steps == 0 or is_last:
+        scalars = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        scalars.update(progress(step, scalars))
+        writer.write(step, {"epoch": step / steps_per_epoch, **scalars})
+      if step % eval_every == 0 or is_last:
+        finite.now()
+        logging.info("Evaluating at step %d.", step)
+        eval_metrics = run_eval(state)
+        writer.write(step, {"epoch": step / steps_per_epoch, **eval_metrics})
+        logging.info(
+          "eval step %d: %s",
+          step,
+          " ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items() if "top1" in k),
+        )
+      stopping = stop.reached(step) and not is_last
+      if is_last or stopping or ckpt.should_save(step):
+        finite.now()  # Never save a non-finite state.
+        ckpt.save(step, state, force=True)
+      if stopping:
+        writer.flush()
+        ckpt.close()
+        writer.close()
+        raise preemption.Preempted(stop.received, step, str(ckpt.step_dir(step)))
   writer.flush()
   ckpt.wait()
 

@@ -1,0 +1,54 @@
+"""Subprocess runs of `python -m vitboot_jax.main` on the tiny test config, for end-to-end tests."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TINY = str(REPO / "configs" / "tiny_test.py")
+
+
+def env(devices: int) -> dict[str, str]:
+  """The environment of a run on `devices` fake CPU devices, importing this checkout."""
+  variables = dict(os.environ)
+  variables["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  variables["JAX_PLATFORMS"] = "cpu"
+  variables["PYTHONPATH"] = str(REPO) + os.pathsep + variables.get("PYTHONPATH", "")
+  return variables
+
+
+def command(workdir, folder, *overrides, config=TINY):
+  return [
+    sys.executable,
+    "-m",
+    "vitboot_jax.main",
+    f"--config={config}",
+    f"--workdir={workdir}",
+    f"--config.data.dir={folder}",
+    "--config.num_epochs=3",
+    "--config.checkpoint_every_steps=4",
+    "--config.log_every_steps=1",
+    *overrides,
+  ]
+
+
+def run(workdir, folder, *overrides, devices=1, config=TINY, timeout=600):
+  proc = subprocess.run(
+    command(workdir, folder, *overrides, config=config),
+    env=env(devices),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return proc
+
+
+def metrics(workdir):
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(records):
+  return {r["step"]: r["train/loss_vit"] for r in records if "train/loss_vit" in r}
