@@ -192,8 +192,9 @@ def set_mode(c: ml_collections.ConfigDict, mode: str) -> None:
   if mode == "cnn":
     # The official CNN baselines: SGD lr 0.05, wd 5e-4, no momentum (torch default), cosine.
     c.optim.update(name="sgd", lr=0.05, weight_decay=5e-4, momentum=0.0)
-  if mode == "agent":
-    # Standalone agents: MLP dropout 0.1 and no residual dropout (reference §2.1).
+  if mode in ("agent", "joint"):
+    # Standalone agents, and joint ones (the official joint configs load the standalone agent
+    # config): MLP dropout 0.1 and no residual dropout, for S and B (reference §2.1, §2.7).
     c.agent.mlp_dropout = 0.1
     c.agent.residual_dropout = 0.0
 
