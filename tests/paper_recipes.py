@@ -263,7 +263,8 @@ def _cifar(dataset: str, data: dict) -> dict[str, dict]:
     s + "mode=joint": {**base, "mode": "joint", **NO_CLIP, **VIT_S, **AGENT_S, **JOINT_LOSS},
     # joint/agent-base-res_like-vit-base.yaml -> cnn/agent-base-res_like.yaml + vit/vit-base.yaml
     b + "mode=joint": {**base, "mode": "joint", **NO_CLIP, **VIT_B, **AGENT_B, **JOINT_LOSS},
-    # shared/agent-small-res_like-vit-small.yaml
+    # shared/agent-small-res_like-vit-small.yaml (the authors' README also names the patch-stem
+    # shared/agent-small-vit-small.yaml for this row; Table 5 favours the res-like agent)
     s + "mode=shared,align=none": {
       **base,
       "mode": "shared",

@@ -202,18 +202,8 @@ def set_mode(c: ml_collections.ConfigDict, mode: str) -> None:
     c.agent.residual_dropout = 0.0
 
 
-METHOD_ARGS = (
-  "sam",
-  "attention",
-  "init",
-  "drloc",
-  "taps",
-  "align",
-  "kd",
-  "feature",
-  "decay",
-  "adapt",
-)
+METHOD_ARGS = ("sam", "attention", "init", "drloc", "taps")
+METHOD_ARGS += ("align", "kd", "feature", "decay", "adapt")  # Shared variants, Table 4.
 
 
 def apply_method_args(c: ml_collections.ConfigDict, args: dict[str, str]) -> None:
