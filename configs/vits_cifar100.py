@@ -5,7 +5,9 @@ Args (comma-separated, e.g. `--config=configs/vits_cifar100.py:mode=joint,agent=
          agent (Agent-S baseline).
   agent: res_like (default) or base (the ViT-like patch stem).
   Method switches (any mode): sam=1 (SAM, rho 0.1), attention=entmax (the "Sparse" rows),
-  init=mimetic|impulse3|impulse5, drloc=LAMBDA, taps=centered.
+  init=mimetic|impulse3|impulse5, drloc=LAMBDA, taps=centered; align=none (shared as the
+  authors' code) | pcgrad (the paper's Algorithm 1, default); Table 4: kd=0 (Feat Only),
+  feature=0 (KD Only), decay=none (No Decay), adapt=pool2d (AP-2D).
 
 Command:
   python -m vitboot_jax.main --config=configs/vits_cifar100.py --workdir=workdirs/vits_c100

@@ -6,8 +6,8 @@
 # commands there (python -m vitboot_jax.tools.paper_table --table=... --root=... lists them) and
 # call this script without --run afterwards for the table.
 set -euo pipefail
-table=${1:?usage: reproduce_table.sh cifar10|cifar100|imagenet ROOT [overrides...]}
-root=${2:?usage: reproduce_table.sh cifar10|cifar100|imagenet ROOT [overrides...]}
+table=${1:?usage: reproduce_table.sh cifar10|cifar100|imagenet|ablation ROOT [overrides...]}
+root=${2:?usage: reproduce_table.sh cifar10|cifar100|imagenet|ablation ROOT [overrides...]}
 shift 2
 args=()
 for o in "$@"; do args+=("--override=$o"); done

@@ -352,6 +352,108 @@ def test_tfds_prepared_dataset(tfds_dir):
 
 
 # ---------------------------------------------------------------------------------------------
+# ImageNet subsets: tfds records carry their original file names (imagenet2012's `file_name`);
+# the subset must hold the images the official code picks from the sorted class folders.
+
+NAMED_PER_CLASS = 13
+# Train image k (class k // 13) has file name NAMED_FILES[k]; sorted names are not in k order.
+NAMED_FILES = [
+  f"{name}_{n}.png"
+  for name in CLASSES
+  for n in np.random.default_rng(7).choice(10_000, NAMED_PER_CLASS, replace=False)
+]
+NAMED_TEST = 3  # Test images k = 39, 40, 41, one per class.
+
+
+class VitbootNamedImages(tfds.core.GeneratorBasedBuilder):
+  """A stand-in for tfds imagenet2012: images with a label and their original `file_name`."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  url_infos = None
+
+  def _info(self):
+    features = tfds.features.FeaturesDict(
+      {
+        "image": tfds.features.Image(shape=(32, 32, 3)),
+        "label": tfds.features.ClassLabel(names=list(CLASSES)),
+        "file_name": tfds.features.Text(),
+      }
+    )
+    return tfds.core.DatasetInfo(
+      builder=self, features=features, supervised_keys=("image", "label")
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    test = [(len(NAMED_FILES) + c, f"test_{c}.png", c) for c in range(NAMED_TEST)]
+    train = [(k, name, k // NAMED_PER_CLASS) for k, name in enumerate(NAMED_FILES)]
+    return {"train": self._generate_examples(train), "test": self._generate_examples(test)}
+
+  def _generate_examples(self, examples):
+    for k, name, label in examples:
+      image = np.full([32, 32, 3], colour(k), np.uint8)
+      yield name, {"image": image, "label": label, "file_name": name}
+
+
+@pytest.fixture(scope="module")
+def named_images(tmp_path_factory):
+  """The same images and file names as a prepared tfds dataset and as an image folder."""
+  data_dir = tmp_path_factory.mktemp("named_tfds")
+  config = tfds.download.DownloadConfig(
+    try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP
+  )
+  VitbootNamedImages(data_dir=str(data_dir)).download_and_prepare(download_config=config)
+  root = tmp_path_factory.mktemp("named_folder")
+  for split, examples in (
+    ("train", [(k, name, k // NAMED_PER_CLASS) for k, name in enumerate(NAMED_FILES)]),
+    ("test", [(len(NAMED_FILES) + c, f"test_{c}.png", c) for c in range(NAMED_TEST)]),
+  ):
+    for k, name, label in examples:
+      class_dir = root / split / CLASSES[label]
+      class_dir.mkdir(parents=True, exist_ok=True)
+      write_image(class_dir / name, colour(k))
+  return data_dir, root
+
+
+def _selected_names(config) -> set[str]:
+  source = input_pipeline._source(config)
+  keep = input_pipeline._train_subset(source, config)
+  if config.data.name == "folder":
+    paths = source._listing(config.data.train_split)[0]
+    return {str(p).rsplit("/", 1)[-1] for p in paths[keep]}
+  return {n.decode() for n in source.file_names(config.data.train_split)[keep]}
+
+
+def test_tfds_subset_selects_the_image_folder_images(named_images):
+  data_dir, root = named_images
+  tfds_names = None
+  for fraction in (0.1, 0.3, 0.5, 0.8):
+    folder = make_config(root, train_fraction=fraction)
+    tfds_config = make_config(data_dir, name="vitboot_named_images", train_fraction=fraction)
+    want = _selected_names(folder)
+    assert len(want) == 3 * round(NAMED_PER_CLASS * fraction)
+    assert _selected_names(tfds_config) == want, fraction
+    source = input_pipeline._source(tfds_config)
+    tfds_names = source.file_names("train")
+    assert sorted(n.decode() for n in tfds_names) == sorted(NAMED_FILES)
+    # The rule applied to tfds' stored record order picks other images: what this guards.
+    old_rule = input_pipeline.subset_indices(source.labels("train"), fraction)
+    assert {n.decode() for n in tfds_names[old_rule]} != want, fraction
+
+  # End to end: one epoch of the 50% subset (18 images, 3 batches of 6) sees the same images.
+  seen = []
+  for config in (
+    make_config(root, train_fraction=0.5),
+    make_config(data_dir, name="vitboot_named_images", train_fraction=0.5),
+  ):
+    assert input_pipeline.dataset_info(config).num_train_examples == 18
+    batches = take(input_pipeline.train_batches(config), 3)
+    seen.append(set(np.concatenate([example_ids(b["image"]) for b in batches]).tolist()))
+  want = {NAMED_FILES.index(n) for n in _selected_names(make_config(root, train_fraction=0.5))}
+  assert seen[0] == seen[1] == want
+
+
+# ---------------------------------------------------------------------------------------------
 # The real CIFAR-10 folder in ../shared (counts from listings; one decoded batch).
 
 

@@ -288,3 +288,12 @@ def test_ce_and_kd_match_official_golden(golden_dir, name):
   np.testing.assert_allclose(losses.cross_entropy(cnn, labels), d["loss/joint.cls_cnn"], rtol=1e-5)
   np.testing.assert_allclose(losses.kd(vit, cnn, 4.0), d["loss/joint.kd_vit.cnn"], rtol=1e-4)
   np.testing.assert_allclose(losses.kd(cnn, vit, 4.0), d["loss/joint.kd_cnn.vit"], rtol=1e-4)
+
+
+def test_feature_weight_none_is_constant():
+  """Table 4's "No Decay": weight 1 at every step, past the last epoch too, under jit."""
+  spe, epochs = 7, 5
+  fn = jax.jit(lambda s: losses.feature_weight(s, spe, epochs, per="none"))
+  for step in (0, 1, spe, spe * epochs - 1, spe * (epochs + 3)):
+    assert float(fn(jnp.int32(step))) == 1.0
+  assert float(losses.feature_weight(jnp.float32(3.5), spe, epochs, per="none")) == 1.0

@@ -137,7 +137,9 @@ def test_cnn_baseline_configs_build_a_train_step(name):
   assert "train/ce_cnn" in metrics and "train/kd_cnn" not in metrics
 
 
-@pytest.mark.parametrize("switch", ["sam=1", "attention=entmax", "drloc=0.01", "init=mimetic"])
+@pytest.mark.parametrize(
+  "switch", ["sam=1", "attention=entmax", "drloc=0.01", "init=mimetic", "decay=none,kd=0"]
+)
 def test_paper_configs_build_with_switches(switch):
   config = load_config("vits_cifar100", f"mode=shared,{switch}")
   models = build_models(config)

@@ -258,7 +258,7 @@ def test_rows_differ_only_in_method():
     "drloc.weight",
     "model.init",
     "optim.clip_norm",  # set_mode: the ViT-alone worker clips at 0.1.
-    "agent.mlp_dropout",  # set_mode: the standalone agent's dropout.
+    "agent.mlp_dropout",  # set_mode: the standalone (and joint) agent's dropout.
   }
   reference = _flatten(_row_config(replication.ROWS_BY_NAME["shared_align"], seed=1).to_dict())
   for row in replication.ROWS:

@@ -236,6 +236,15 @@ def test_step_compiles_once_and_trains():
   assert float(metrics["train/feature_weight"]) == 0.5
 
 
+def test_no_decay_keeps_the_feature_weight_past_the_first_epoch():
+  """Table 4's "No Decay": loss.feature_decay="none" weighs the feature term 1 at every step."""
+  _, _, _, state, step = setup("joint", **{"loss.feature_decay": "none"})
+  jitted = jax.jit(step)
+  for _ in range(6):  # Into the second of 2 epochs of 4 steps (decayed: weight 0.5).
+    state, metrics = jitted(state, batch_of())
+  assert int(state.step) == 6 and float(metrics["train/feature_weight"]) == 1.0
+
+
 def test_sharded_batch_matches_single_device():
   assert jax.device_count() == 8
   config, models, tx, state, step = setup("shared")

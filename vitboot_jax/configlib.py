@@ -15,6 +15,8 @@ TAPS = ("official", "centered")
 INITS = ("official", "standard")
 # Attention initialisers applied on top of the standard scheme (ViT only).
 ATTENTION_INITS = ("mimetic", "impulse3", "impulse5")
+FEATURE_DECAYS = ("epoch", "step", "none")  # How the feature-loss weight decays (losses.py).
+ADAPTERS = ("seq1d", "pool2d")  # Feature size adaptation (losses.py).
 
 # ViT shapes from the paper's Table 2 / the official yaml files. "vit_b" is the paper's ViT-B
 # (384/12/6, DeiT-S-like), not the standard ViT-B/16.
@@ -114,7 +116,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.temperature = 4.0
   c.loss.feature_loss = "official"  # "official" (LN + MSE) | "paper" (Eq. 6)
   c.loss.adapt = "seq1d"  # "seq1d" (official 1-D pooling) | "pool2d" (Table 4's AP-2D)
-  c.loss.feature_decay = "epoch"  # "epoch" (official, piecewise constant) | "step"
+  # "epoch" (official, piecewise constant) | "step" | "none" (constant: Table 4's "No Decay")
+  c.loss.feature_decay = "epoch"
 
   # DrLoc (dense relative localisation, Liu et al. 2021): weight = lambda; 0 disables.
   c.drloc = ml_collections.ConfigDict()
@@ -192,20 +195,25 @@ def set_mode(c: ml_collections.ConfigDict, mode: str) -> None:
   if mode == "cnn":
     # The official CNN baselines: SGD lr 0.05, wd 5e-4, no momentum (torch default), cosine.
     c.optim.update(name="sgd", lr=0.05, weight_decay=5e-4, momentum=0.0)
-  if mode == "agent":
-    # Standalone agents: MLP dropout 0.1 and no residual dropout (reference §2.1).
+  if mode in ("agent", "joint"):
+    # Standalone agents, and joint ones (the official joint configs load the standalone agent
+    # config): MLP dropout 0.1 and no residual dropout, for S and B (reference §2.1, §2.7).
     c.agent.mlp_dropout = 0.1
     c.agent.residual_dropout = 0.0
 
 
 METHOD_ARGS = ("sam", "attention", "init", "drloc", "taps")
+METHOD_ARGS += ("align", "kd", "feature", "decay", "adapt")  # Shared variants, Table 4.
 
 
 def apply_method_args(c: ml_collections.ConfigDict, args: dict[str, str]) -> None:
   """The method switches every paper config accepts as args (each one config field):
 
   sam=RHO (sam=1 means the official rho 0.1), attention=entmax (the "Sparse" rows),
-  init=mimetic|impulse3|impulse5|standard, drloc=LAMBDA, taps=centered.
+  init=mimetic|impulse3|impulse5|standard, drloc=LAMBDA, taps=centered,
+  align=none|pcgrad (shared: the authors' code | the paper's Algorithm 1), and Table 4's loss
+  ablations: kd=W (both KD weights; kd=0 is "Feat Only"), feature=W (feature=0 is "KD Only"),
+  decay=epoch|step|none ("No Decay"), adapt=seq1d|pool2d ("AP-2D").
   """
   if "sam" in args:
     rho = float(args["sam"])
@@ -220,6 +228,16 @@ def apply_method_args(c: ml_collections.ConfigDict, args: dict[str, str]) -> Non
     c.drloc.weight = float(args["drloc"])
   if "taps" in args:
     c.agent.taps = args["taps"]
+  if "align" in args:
+    c.align = args["align"]
+  if "kd" in args:
+    c.loss.kd_vit = c.loss.kd_agent = float(args["kd"])
+  if "feature" in args:
+    c.loss.feature_vit = float(args["feature"])
+  if "decay" in args:
+    c.loss.feature_decay = args["decay"]
+  if "adapt" in args:
+    c.loss.adapt = args["adapt"]
 
 
 def set_dataset(c: ml_collections.ConfigDict, dataset: str, subset: float = 0.1) -> None:
@@ -298,6 +316,13 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
       f"config.batch_size={c.batch_size} is not divisible by the {num_devices} devices; "
       f"use a multiple of {num_devices}"
     )
+  if c.loss.feature_decay not in FEATURE_DECAYS:
+    raise ValueError(
+      f"config.loss.feature_decay={c.loss.feature_decay!r} is unknown; choose one of "
+      f"{FEATURE_DECAYS}"
+    )
+  if c.loss.adapt not in ADAPTERS:
+    raise ValueError(f"config.loss.adapt={c.loss.adapt!r} is unknown; choose one of {ADAPTERS}")
   if c.align not in ("pcgrad", "none"):
     raise ValueError(f"config.align={c.align!r} is unknown; choose 'pcgrad' or 'none'")
   if c.align_granularity not in ("global", "per_leaf"):

@@ -68,12 +68,15 @@ class DatasetInfo:
 # The paper's subsets.
 
 
-def subset_indices(labels: np.ndarray, fraction: float) -> np.ndarray:
+def subset_indices(
+  labels: np.ndarray, fraction: float, file_names: np.ndarray | None = None
+) -> np.ndarray:
   """Sorted indices of the official class-balanced subset (reference §5, `make_partial`).
 
-  Class c's examples, in the split's canonical order, are permuted with
-  `np.random.default_rng(seed=c)` and the first round(n_c * fraction) kept. The permutation does
-  not depend on `fraction`, so smaller subsets are nested in larger ones.
+  Class c's examples, sorted by file name (the official code lists each class folder sorted;
+  without `file_names`: in the split's canonical order, which for an image folder is the same),
+  are permuted with `np.random.default_rng(seed=c)` and the first round(n_c * fraction) kept.
+  The permutation does not depend on `fraction`, so smaller subsets are nested in larger ones.
   """
   if not 0.0 < fraction <= 1.0:
     raise ValueError(f"config.data.train_fraction={fraction} must be in (0, 1]")
@@ -82,7 +85,8 @@ def subset_indices(labels: np.ndarray, fraction: float) -> np.ndarray:
     raise ValueError(f"labels must be non-negative class indices, got {labels.min()}")
   if fraction == 1.0:
     return np.arange(labels.size, dtype=np.int64)
-  by_class = np.argsort(labels, kind="stable")  # Within a class: canonical order.
+  by_name = np.arange(labels.size) if file_names is None else np.argsort(file_names, kind="stable")
+  by_class = by_name[np.argsort(labels[by_name], kind="stable")]  # Within a class: by name.
   counts = np.bincount(labels)
   keep = []
   for c, members in enumerate(np.split(by_class, np.cumsum(counts)[:-1])):
@@ -121,6 +125,10 @@ class _FolderSource:
 
   def labels(self, split: str) -> np.ndarray:
     return self._listing(split)[1]
+
+  def file_names(self, split: str) -> None:
+    """None: the canonical order already sorts each class's file names."""
+    del split
 
   def count(self, split: str) -> int:
     return len(self.labels(split))
@@ -191,17 +199,31 @@ class _TfdsSource:
       return None
 
   def labels(self, split: str) -> np.ndarray:
-    """One pass over the labels only (images are not decoded); cached for data on disk."""
+    return self._labels_and_names(split)[0]
+
+  def file_names(self, split: str) -> np.ndarray | None:
+    """Each record's original file name (tfds `file_name`, e.g. imagenet2012's
+    'n01440764_10026.JPEG'), or None when the dataset has none."""
+    return self._labels_and_names(split)[1]
+
+  def _labels_and_names(self, split: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """One pass over the labels and file names (images are not decoded); cached for data on disk."""
     key = (self.name, self.data_dir, split)
     if key in _LABEL_CACHE:
       return _LABEL_CACHE[key]
-    decoders = tfds.decode.PartialDecoding({self.label_key: True})
+    fields = [self.label_key] + (["file_name"] if "file_name" in self.builder.info.features else [])
+    decoders = tfds.decode.PartialDecoding({f: True for f in fields})
     ds = self._read(split, _field(split, self.train_split), decoders, try_autocache=False)
-    ds = ds.map(lambda ex: ex[self.label_key]).batch(65536)
-    labels = np.concatenate([np.zeros([0], np.int64), *ds.as_numpy_iterator()]).astype(np.int64)
+    ds = ds.map(lambda ex: tuple(ex[f] for f in fields)).batch(65536)
+    columns = [[np.zeros([0], np.int64)], [np.zeros([0], object)]]
+    for batch in ds.as_numpy_iterator():
+      for column, values in zip(columns, batch):
+        column.append(values)
+    labels = np.concatenate(columns[0]).astype(np.int64)
+    out = labels, (np.concatenate(columns[1]) if len(fields) == 2 else None)
     if self.builder.is_prepared() and len(labels) == self._metadata_count(split):
-      _LABEL_CACHE[key] = labels
-    return labels
+      _LABEL_CACHE[key] = out
+    return out
 
   def count(self, split: str) -> int:
     num = self._metadata_count(split)
@@ -243,7 +265,7 @@ def _field(split: str, train_split: str) -> str:
   return "train_split" if split == train_split else "eval_split"
 
 
-_LABEL_CACHE: dict[tuple, np.ndarray] = {}
+_LABEL_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray | None]] = {}
 _LISTING_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
@@ -320,6 +342,13 @@ def _source(config: ml_collections.ConfigDict) -> _FolderSource | _TfdsSource:
   return source
 
 
+def _train_subset(source: _FolderSource | _TfdsSource, config: ml_collections.ConfigDict):
+  """The official subset of the training split, by file name where the source knows them (tfds
+  imagenet2012), so tfds and an image folder of the same images select the same ones."""
+  split = config.data.train_split
+  return subset_indices(source.labels(split), config.data.train_fraction, source.file_names(split))
+
+
 # ---------------------------------------------------------------------------------------------
 # Public API.
 
@@ -357,8 +386,7 @@ def dataset_info(config: ml_collections.ConfigDict) -> DatasetInfo:
   if config.data.train_fraction == 1.0:
     num_train = source.count(config.data.train_split)
   else:
-    labels = source.labels(config.data.train_split)
-    num_train = len(subset_indices(labels, config.data.train_fraction))
+    num_train = len(_train_subset(source, config))
   return DatasetInfo(
     num_train_examples=num_train,
     num_eval_examples=source.count(config.data.eval_split),
@@ -387,7 +415,7 @@ def train_dataset(
     num = source.count(split)
     base = source.examples(split)
   else:
-    keep = subset_indices(source.labels(split), config.data.train_fraction)
+    keep = _train_subset(source, config)
     num = len(keep)
     base = source.examples(split, keep)
   steps = num // glob

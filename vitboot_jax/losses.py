@@ -15,9 +15,11 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from vitboot_jax import configlib
+
 FORMULAS = ("official", "paper")
-ADAPTERS = ("seq1d", "pool2d")
-DECAY_PER = ("epoch", "step")
+ADAPTERS = configlib.ADAPTERS
+DECAY_PER = configlib.FEATURE_DECAYS
 
 
 def cross_entropy(
@@ -185,9 +187,12 @@ def feature_weight(
   """Linear decay max(0, 1 - e/E) of the feature-loss weight (reference §3, "Decay").
 
   per="epoch" uses the 0-based epoch floor(step / steps_per_epoch), constant inside an epoch, so the
-  last epoch still has weight 1/E (official); per="step" decays continuously.
+  last epoch still has weight 1/E (official); per="step" decays continuously; per="none" keeps the
+  weight at 1 throughout (Table 4's "No Decay").
   """
   step = jnp.asarray(step)
+  if per == "none":
+    return jnp.ones((), jnp.float32)
   if per == "epoch":
     if jnp.issubdtype(step.dtype, jnp.integer):
       # Integer division is exact at every epoch boundary, whatever the step count.

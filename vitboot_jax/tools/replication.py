@@ -9,7 +9,8 @@ training set per class (5,000 images), the full test set, the quickstart ViT (14
 9 heads, patch 4 -> 8x8 tokens) and agent, batch 64, AdamW lr 1e-3, cosine; the same epochs,
 seeds and flags for every row. What differs between rows is the method only, plus what a mode
 sets by itself in `configlib.set_mode` (the official per-mode values): the loss weights,
-gradient clipping 0.1 of the ViT-alone worker, and MLP dropout 0.1 of the standalone agent.
+gradient clipping 0.1 of the ViT-alone worker, and MLP dropout 0.1 of the standalone and joint
+agent (the official joint configs load the standalone agent config).
 
 Rows (ROWS below): ViT alone, agent alone, joint, shared with Align (PCGrad, the paper's
 Algorithm 1), shared without Align (summed gradients, as the official code), ViT + DrLoc, ViT
