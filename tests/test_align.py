@@ -3,7 +3,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from vitboot_jax import align
@@ -200,31 +199,3 @@ def test_combine_partial_leaf_mask():
   out, _ = align.combine(g_vit, g_agent, mask)
   # Shared part: a=[-1,1], v=[1,0] -> Align = [0,1]; ([1,0] + [0,1]) / 2 = [.5,.5].
   np.testing.assert_allclose(out["qkv"], [[4.0, 6.0, 0.5, 0.5]])
-
-
-@pytest.mark.parametrize("method", ["pcgrad", "none"])
-def test_bootstrap_gradients_in_optax_chain(method):
-  rng = np.random.default_rng(5)
-  params = random_tree(rng)
-  mask = {"a": jnp.zeros((1, 4)).at[:, 2:].set(1.0), "b": {"c": 1.0, "d": 0.0}}
-  tx = optax.chain(
-    align.bootstrap_gradients(mask, method=method),
-    optax.clip_by_global_norm(1.0),
-    optax.adamw(1e-2),
-  )
-  ref_tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2))
-  state, ref_state = tx.init(params), ref_tx.init(params)
-  p, ref_p = params, params
-  step, ref_step = jax.jit(tx.update), jax.jit(ref_tx.update)
-  for i in range(3):
-    g_agent, g_vit = conflicting_pair(20 + i, conflict=True)
-    updates, state = step({"vit": g_vit, "agent": g_agent}, state, p)
-    p = optax.apply_updates(p, updates)
-    # Reference: Algorithm 1's combination by hand, then the plain optimizer.
-    combined, _ = align.combine(g_vit, g_agent, mask, method=method)
-    ref_updates, ref_state = ref_step(combined, ref_state, ref_p)
-    ref_p = optax.apply_updates(ref_p, ref_updates)
-  np.testing.assert_allclose(flat(p), flat(ref_p), rtol=1e-6, atol=1e-7)
-  assert np.abs(flat(p) - flat(params)).max() > 1e-3
-  with pytest.raises(ValueError, match="vit"):
-    tx.update(g_vit, state, p)

@@ -390,27 +390,7 @@ def test_gradient_only_at_sampled_positions_and_never_cls():
   np.testing.assert_array_equal(nonzero, mask)
 
 
-def test_all_variant_sums_per_grid_losses():
-  k, d = 7, 8
-  heads_params = [_head_and_params("l1", k, d, seed=s)[1] for s in range(3)]
-  head = drloc.make_head("l1", hidden=32)
-  grids = [_normal(20 + s, (2, k, k, d)) for s in range(3)]
-  rng = jax.random.key(16)
-  got = jax.jit(lambda p, g, r: drloc.drloc_loss_all(head, p, g, r, num_pairs=8))(
-    heads_params, grids, rng
-  )
-  one = _jit_loss(head, num_pairs=8)
-  want = sum(
-    one(p, g, jax.random.fold_in(rng, i)) for i, (p, g) in enumerate(zip(heads_params, grids))
-  )
-  np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
-
-
-def test_lambda_schedule():
-  at = lambda e, s="warmup_linear_decay": float(drloc.lambda_at(e, 0.5, s, total_epochs=100))
-  assert at(0) == 0.0
-  np.testing.assert_allclose([at(10), at(20), at(60), at(100), at(120)], [0.25, 0.5, 0.25, 0, 0])
-  assert at(37, "constant") == 0.5
+def test_defaults():
   assert drloc.DEFAULT_LAMBDA["vit"] == 0.01 and drloc.DEFAULT_NUM_PAIRS == 64
 
 

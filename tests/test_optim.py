@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from vitboot_jax import align, configlib, optim
+from vitboot_jax import configlib, optim
 
 
 def optim_cfg(**overrides):
@@ -155,18 +155,6 @@ def test_clipping_bounds_the_update():
   tx, _ = optim.make_optimizer(cfg, 1, 1)
   updates, _ = tx.update(big, tx.init(params), params)
   np.testing.assert_allclose(float(optax.global_norm(updates)), math.sqrt(800), rtol=1e-5)
-
-
-def test_prefix_runs_first():
-  params = {"shared": jnp.ones((2,)), "private": jnp.ones((1,))}
-  mask = {"shared": 1.0, "private": 0.0}
-  cfg = optim_cfg(name="sgd", lr=1.0, weight_decay=0.0, schedule="constant", clip_norm=100.0)
-  tx, _ = optim.make_optimizer(cfg, 1, 1, prefix=align.bootstrap_gradients(mask))
-  g_vit = {"shared": jnp.array([1.0, 0.0]), "private": jnp.array([2.0])}
-  g_agent = {"shared": jnp.array([-1.0, 1.0]), "private": jnp.array([3.0])}
-  updates, _ = tx.update({"vit": g_vit, "agent": g_agent}, tx.init(params), params)
-  np.testing.assert_allclose(updates["shared"], [-0.5, -0.5])
-  np.testing.assert_allclose(updates["private"], [-5.0])
 
 
 def test_unknown_optimizer_is_named():

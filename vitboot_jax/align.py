@@ -18,7 +18,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 PyTree = Any
 
@@ -159,40 +158,3 @@ def combine(
     aligned,
   )
   return combined, info
-
-
-def bootstrap_gradients(
-  shared_mask: PyTree, method: str = "pcgrad", granularity: str = "global"
-) -> optax.GradientTransformation:
-  """Optax stage turning {"vit": g_vit, "agent": g_agent} into the combined gradient.
-
-  Put it first in a chain, e.g. `optax.chain(bootstrap_gradients(mask), optax.adamw(1e-3))`; every
-  later stage sees a single pytree with the params' structure. Alignment info is dropped here (the
-  state is empty); call `combine` directly when it should be logged.
-  """
-  if method not in METHODS:
-    raise ValueError(f"config.align={method!r} is unknown; choose one of {METHODS}")
-  if granularity not in GRANULARITIES:
-    raise ValueError(
-      f"config.align_granularity={granularity!r} is unknown; choose one of {GRANULARITIES}"
-    )
-
-  def init_fn(params: PyTree) -> optax.EmptyState:
-    del params
-    return optax.EmptyState()
-
-  def update_fn(
-    updates: dict[str, PyTree], state: optax.EmptyState, params: PyTree | None = None
-  ) -> tuple[PyTree, optax.EmptyState]:
-    del params
-    if not isinstance(updates, dict) or set(updates) != {"vit", "agent"}:
-      raise ValueError(
-        "bootstrap_gradients expects updates={'vit': g_vit, 'agent': g_agent}; got "
-        f"{type(updates).__name__} with keys {sorted(updates) if isinstance(updates, dict) else []}"
-      )
-    combined, _ = combine(
-      updates["vit"], updates["agent"], shared_mask, method=method, granularity=granularity
-    )
-    return combined, state
-
-  return optax.GradientTransformation(init_fn, update_fn)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -43,8 +42,6 @@ REG_ALPHA = 1e-3
 REG_EPS = 1e-8
 # Grids at least this large are pooled under pool_grid(mode="auto") (14x14 -> 7x7, reference §A.6).
 AUTO_POOL_MIN_SIZE = 14
-# Epochs of linear warm-up of lambda in the code-only "warmup_linear_decay" schedule.
-LAMBDA_WARMUP_EPOCHS = 20
 
 VARIANTS = ("l1", "ce", "reg")
 NORMALIZATIONS = ("none", "code", "paper")
@@ -305,54 +302,4 @@ def drloc_loss(
   p1, p2 = sample_pairs(rng, grid.shape[0], grid.shape[1], num_pairs)
   return drloc_loss_from_pairs(
     head, params, grid, p1, p2, use_abs=use_abs, normalize=normalize, reg_alpha=reg_alpha
-  )
-
-
-def drloc_loss_all(
-  heads: DrLocHead | Sequence[DrLocHead],
-  params: Sequence[Any],
-  grids: Sequence[jax.Array],
-  rng: jax.Array,
-  **kwargs: Any,
-) -> jax.Array:
-  """The "all" variant (paper Eq. 7): sum over grids (blocks / stages) with one f^l each.
-
-  Grid l uses fold_in(rng, l), so blocks draw independent pairs. The paper found it hurts
-  (-0.88 on IN-100, Tab. 6); it is here for completeness.
-  """
-  if len(params) != len(grids):
-    raise ValueError(f"{len(params)} head param sets for {len(grids)} grids")
-  if isinstance(heads, DrLocHead):
-    heads = [heads] * len(grids)
-  total = jnp.zeros((), jnp.float32)
-  for layer, (head, p, g) in enumerate(zip(heads, params, grids, strict=True)):
-    total = total + drloc_loss(head, p, g, jax.random.fold_in(rng, layer), **kwargs)
-  return total
-
-
-# ---------------------------------------------------------------------------------------------
-# lambda schedule (reference §A.5)
-
-
-def lambda_at(
-  epoch: float | jax.Array,
-  lam: float,
-  schedule: str = "constant",
-  *,
-  warmup_epochs: float = LAMBDA_WARMUP_EPOCHS,
-  total_epochs: float = 300,
-) -> jax.Array:
-  """lambda at a (fractional) epoch: "constant" (paper) or the code's "warmup_linear_decay".
-
-  The latter ramps 0 -> lam over `warmup_epochs`, then decays linearly to 0 at `total_epochs`.
-  """
-  epoch = jnp.asarray(epoch, jnp.float32)
-  if schedule == "constant":
-    return jnp.full_like(epoch, lam)
-  if schedule == "warmup_linear_decay":
-    up = epoch / max(warmup_epochs, 1e-12)
-    down = (total_epochs - epoch) / max(total_epochs - warmup_epochs, 1e-12)
-    return lam * jnp.clip(jnp.where(epoch < warmup_epochs, up, down), 0.0, 1.0)
-  raise ValueError(
-    f"drloc lambda schedule {schedule!r} is unknown; choose 'constant' or 'warmup_linear_decay'"
   )

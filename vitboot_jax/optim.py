@@ -90,12 +90,11 @@ def make_optimizer(
   optim_cfg: Any,
   steps_per_epoch: int,
   num_epochs: int,
-  prefix: optax.GradientTransformation | None = None,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Builds the optax chain [prefix] -> [clip] -> optimizer and returns it with its schedule.
+  """Builds the optax chain [clip] -> optimizer and returns it with its schedule.
 
-  `prefix` runs first: the shared-mode step passes `align.bootstrap_gradients(...)` there so
-  clipping and the optimizer see the combined gradient. The schedule is returned so the step can log
+  The train step combines the models' gradients (align.combine) before this chain, so clipping
+  and the optimizer see the combined gradient. The schedule is returned so the step can log
   lr(step) without reading optimizer state.
   """
   schedule = lr_schedule(optim_cfg, steps_per_epoch, num_epochs)
@@ -121,8 +120,6 @@ def make_optimizer(
   else:
     raise ValueError(f"config.optim.name={optim_cfg.name!r} is unknown; choose one of {OPTIMIZERS}")
   stages = []
-  if prefix is not None:
-    stages.append(prefix)
   if optim_cfg.clip_norm > 0:
     stages.append(optax.clip_by_global_norm(optim_cfg.clip_norm))
   stages.append(opt)

@@ -43,10 +43,6 @@ class Row:
   paper: float  # Published final-epoch top-1 (%).
   recipe: str = CODE
 
-  @property
-  def workdir_name(self) -> str:
-    return f"{self.name.replace(' ', '_').replace('/', '-')}_{self.model}"
-
 
 def _cifar_rows(dataset: str) -> list[Row]:
   # Paper Table 1 / official README: (CIFAR-10, CIFAR-100) top-1.
