@@ -66,7 +66,6 @@ def test_initialise_replaces_only_the_vit(mode, tmp_path):
   [
     ("mode=agent", "x.npz", "mode 'agent' trains none"),
     ("mode=vit,init=mimetic", "x.npz", "config.model.init='mimetic' would be overwritten"),
-    ("mode=vit", init_from.REQUIRED, "pass --config.init_from=PATH"),
   ],
 )
 def test_initialise_refuses_what_it_cannot_do(arg, init_from_value, message):

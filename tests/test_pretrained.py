@@ -243,3 +243,66 @@ def test_safetensors_written_here_reads_back(tmp_path, golden):
   params = _import(tmp_path / "headless.safetensors", _tiny(), 64, log=notes.append)
   assert params["head"]["kernel"].shape == (72, 10)
   assert any("no head" in n for n in notes)
+
+
+def _deit_small_state_dict(classes=1000):
+  """timm's deit_small_patch16_224 names and shapes (zeros): 384 wide, 12 blocks, 224 px."""
+  d, z = 384, lambda *s: np.zeros(s, np.float32)
+  sd = {
+    "cls_token": z(1, 1, d),
+    "pos_embed": z(1, 197, d),
+    "patch_embed.proj.weight": z(d, 3, 16, 16),
+    "patch_embed.proj.bias": z(d),
+    "norm.weight": z(d),
+    "norm.bias": z(d),
+    "head.weight": z(classes, d),
+    "head.bias": z(classes),
+  }
+  for layer in range(12):
+    b = f"blocks.{layer}."
+    for name, (out, inp) in {
+      "attn.qkv": (3 * d, d),
+      "attn.proj": (d, d),
+      "mlp.fc1": (4 * d, d),
+      "mlp.fc2": (d, 4 * d),
+    }.items():
+      sd[b + name + ".weight"], sd[b + name + ".bias"] = z(out, inp), z(out)
+    for name in ("norm1", "norm2"):
+      sd[b + name + ".weight"], sd[b + name + ".bias"] = z(d), z(d)
+  return sd
+
+
+@pytest.mark.parametrize("dataset, classes", [("cifar10", 10), ("cifar100", 100)])
+def test_pretrained_vit_b_row_builds_exactly_deit_small(dataset, classes):
+  import importlib.util
+  import pathlib
+
+  from vitboot_jax.models.build import build_vit
+
+  path = pathlib.Path(__file__).resolve().parents[1] / "configs" / "pretrained_cifar.py"
+  spec = importlib.util.spec_from_file_location("pretrained_cifar", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(f"dataset={dataset}")
+  assert config.mode == "vit" and config.data.num_classes == classes
+  assert config.init_from == "pretrained/deit_small_patch16_224.safetensors"
+  assert config.model.ln_eps == 1e-6 and config.model.num_heads == 6
+  model = build_vit(config)
+  images = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
+  shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x), images)["params"]
+  target = jax.tree.map(lambda s: np.ones(s.shape, s.dtype), shapes)
+  notes = []
+  params = pretrained.fit_vit_params(
+    pretrained.vit_params_from_state_dict(_deit_small_state_dict()), target, notes.append
+  )
+  assert params["head"]["kernel"].shape == (384, classes) and params["head"]["kernel"].all()
+  assert not params["block_11"]["mlp"]["fc1"]["kernel"].any()  # Imported (zeros), not fresh.
+  assert notes == [
+    f"init_from: the checkpoint has a 1000-class head; the configured {classes}-class head "
+    "starts from its initial values"
+  ]
+  vit_s = module.get_config("vit=vit_s,lr=1e-4,epochs=30,weights=/x/run")
+  assert (vit_s.model.embed_dim, vit_s.init_from) == (288, "/x/run")
+  assert (vit_s.optim.lr, vit_s.num_epochs, vit_s.optim.clip_norm) == (1e-4, 30, 0.1)
+  with pytest.raises(ValueError, match="no pre-trained row"):
+    module.get_config("vit=vit_tiny")

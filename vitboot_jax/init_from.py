@@ -25,9 +25,6 @@ from vitboot_jax.models import pretrained
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
 
-# Configs whose row only makes sense fine-tuned (configs/pretrained_cifar.py) set this value, so
-# a run that forgets --config.init_from fails instead of silently training from scratch.
-REQUIRED = "required"
 TORCH_SUFFIXES = (".pth", ".pt", ".bin")
 
 
@@ -121,11 +118,6 @@ def initialise(
 ) -> TrainState:
   """`state` (fresh) with its ViT read from `config.init_from` and a fresh optimizer state."""
   path = config.init_from
-  if path == REQUIRED:
-    raise ValueError(
-      "this config fine-tunes pre-trained weights: pass --config.init_from=PATH (a timm/DeiT "
-      ".safetensors, an .npz, or the workdir of a pre-training run; see its docstring)"
-    )
   if "vit" not in state.params:
     raise ValueError(
       f"config.init_from initialises the ViT, but mode {config.mode!r} trains none; use mode "
