@@ -101,3 +101,22 @@ def test_fine_tune_run_starts_from_a_pre_training_run(tmp_path, monkeypatch):
   assert got.keys() == want.keys()
   for key in want:
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_orbax_reader_takes_a_workdir_its_checkpoints_or_one_step(tmp_path):
+  from vitboot_jax import checkpoint
+
+  vit = {"pos_embed": np.arange(6, dtype=np.float32).reshape(1, 3, 2)}
+  with checkpoint.Checkpointer(tmp_path / "run", async_save=False) as ckpt:
+    ckpt.save(2, {"params": {"vit": jax.tree.map(lambda x: x - 1, vit)}, "step": 2}, force=True)
+    ckpt.save(5, {"params": {"vit": vit}, "step": 5}, force=True)
+  with checkpoint.Checkpointer(tmp_path / "agent_run", async_save=False) as ckpt:
+    ckpt.save(1, {"params": {"agent": vit}}, force=True)
+  (tmp_path / "run" / "checkpoints" / "7").mkdir()  # A save cut short: no commit marker.
+  for path in ("run", "run/checkpoints", "run/checkpoints/5"):
+    got = init_from.read_orbax_vit(str(tmp_path / path))
+    np.testing.assert_array_equal(got["pos_embed"], vit["pos_embed"])
+  got = init_from.read_orbax_vit(str(tmp_path / "run/checkpoints/2"))
+  np.testing.assert_array_equal(got["pos_embed"], vit["pos_embed"] - 1)
+  with pytest.raises(ValueError, match="has no ViT .*mode agent or cnn"):
+    init_from.read_vit_params(str(tmp_path / "agent_run"))

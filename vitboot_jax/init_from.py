@@ -83,21 +83,25 @@ def read_orbax_vit(path: str) -> dict[str, Any]:
   """The ViT parameters (numpy) of our newest complete checkpoint under `path`."""
   import orbax.checkpoint as ocp
 
-  item = _orbax_step_dir(epath.Path(path)) / "default"
-  checkpointer = ocp.PyTreeCheckpointer()
-  stored = checkpointer.metadata(item).item_metadata
-  stored = getattr(stored, "tree", stored)
-  vit = stored.get("params", {}).get("vit") if isinstance(stored, dict) else None
-  if vit is None:
-    raise ValueError(
-      f"the checkpoint in {item.parent} has no ViT (params/vit): it was written by a run "
-      "without one (mode agent or cnn); give a run of mode vit, joint or shared"
+  item = _orbax_step_dir(epath.Path(path)) / checkpoint._ITEM  # noqa: SLF001
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    stored = handler.metadata(item).tree
+    vit = stored.get("params", {}).get("vit") if isinstance(stored, dict) else None
+    if vit is None:
+      raise ValueError(
+        f"the checkpoint in {item.parent} has no ViT (params/vit): it was written by a run "
+        "without one (mode agent or cnn); give a run of mode vit, joint or shared"
+      )
+    # Only the ViT's arrays are read, as numpy on the host (the optimizer state is skipped).
+    wanted = {"params": {"vit": jax.tree.map(lambda m: np.empty(m.shape, m.dtype), vit)}}
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
+    restored = handler.restore(
+      item,
+      args=ocp.args.PyTreeRestore(item=wanted, restore_args=restore_args, partial_restore=True),
     )
-  wanted = {"params": {"vit": jax.tree.map(lambda m: np.empty(m.shape, m.dtype), vit)}}
-  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
-  restored = checkpointer.restore(
-    item, args=ocp.args.PyTreeRestore(item=wanted, restore_args=restore_args, partial_restore=True)
-  )
+  finally:
+    handler.close()
   logging.info("init_from: read the ViT of checkpoint %s", item.parent)
   return restored["params"]["vit"]
 
