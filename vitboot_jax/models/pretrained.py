@@ -95,7 +95,10 @@ class _Keys:
 
   def __call__(self, key: str) -> np.ndarray:
     if key not in self.sd:
-      raise ValueError(f"pre-trained weights lack {key!r} (a timm/DeiT ViT has it); wrong file?")
+      raise ValueError(
+        f"pre-trained weights lack {key!r}, which every timm/DeiT ViT has: give the model's full "
+        "state_dict (not a partial or optimizer file)"
+      )
     self.used.add(key)
     return self.sd[key]
 
@@ -132,7 +135,8 @@ def _timm_vit(state_dict: dict[str, np.ndarray]) -> Tree:
     }
   if get.leftovers():
     raise ValueError(
-      f"pre-trained timm weights hold parameters our ViT has no place for: {get.leftovers()[:8]}"
+      f"pre-trained timm weights hold parameters our ViT has no place for: {get.leftovers()[:8]}; "
+      "use a plain ViT/DeiT checkpoint (pre-norm, cls token, learned pos_embed, qkv bias)"
     )
   return params
 
@@ -144,7 +148,8 @@ def _official_vit(state_dict: dict[str, np.ndarray], prefix: str) -> Tree:
   left = sorted(k for k in state_dict if k.startswith(prefix) and k not in reader.used)
   if left:
     raise ValueError(
-      f"official checkpoint holds ViT parameters our ViT has no place for: {left[:8]}"
+      f"official checkpoint holds ViT parameters our ViT has no place for: {left[:8]}; use a "
+      "checkpoint of the official `vit` class (or of its joint/shared model)"
     )
   return params
 
