@@ -180,6 +180,9 @@ def test_unsupported_timm_variants_and_layouts_fail_with_the_fix(golden, tmp_pat
     )
   with pytest.raises(FileNotFoundError, match="no such file"):
     init_from.read_vit_params(str(tmp_path / "missing.safetensors"))
+  (tmp_path / "cut.safetensors").write_bytes(path.read_bytes()[:1000])
+  with pytest.raises(ValueError, match="cannot be read as .safetensors.*download complete"):
+    init_from.read_vit_params(str(tmp_path / "cut.safetensors"))
   (tmp_path / "weights.h5").write_bytes(b"")
   with pytest.raises(ValueError, match="unknown format '.h5'"):
     init_from.read_vit_params(str(tmp_path / "weights.h5"))

@@ -37,13 +37,14 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
       "or a workdir of ours"
     )
   suffix = p.suffix.lower()
-  if suffix == ".safetensors":
-    from safetensors.numpy import load_file
-
-    return load_file(str(p))
-  if suffix == ".npz":
-    with np.load(str(p)) as data:
-      return {k: data[k] for k in data.files}
+  if suffix in (".safetensors", ".npz"):
+    try:
+      return _read_numpy_file(str(p), suffix)
+    except Exception as error:  # A truncated or mislabelled file: say which and what to do.
+      raise ValueError(
+        f"config.init_from={path} cannot be read as {suffix} ({type(error).__name__}: "
+        f"{str(error)[:200]}); is the download complete and the suffix right?"
+      ) from error
   if suffix in TORCH_SUFFIXES:
     try:
       from vitboot_jax.tools.convert_checkpoint import read_torch_state_dict
@@ -58,6 +59,15 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     f"config.init_from={path}: unknown format {suffix!r}; use .safetensors, .npz, .pth or a "
     "workdir (orbax checkpoints) of ours"
   )
+
+
+def _read_numpy_file(path: str, suffix: str) -> dict[str, np.ndarray]:
+  if suffix == ".safetensors":
+    from safetensors.numpy import load_file
+
+    return load_file(path)
+  with np.load(path) as data:
+    return {k: data[k] for k in data.files}
 
 
 def _orbax_step_dir(path: epath.Path) -> epath.Path:

@@ -13,7 +13,13 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import torch
+
+try:
+  import torch
+except ImportError as error:
+  raise ImportError(
+    "converting a PyTorch checkpoint needs torch: pip install 'vitboot_jax[torch]'"
+  ) from error
 
 _WRAPPERS = ("model", "state_dict", "model_state", "module")
 
