@@ -324,6 +324,25 @@ def _cifar(dataset: str, data: dict) -> dict[str, dict]:
       **ENTMAX,
       **CE_VIT,
     },
+    # Pre-trained ViTs: the authors ship no fine-tuning config; their single-model worker loads
+    # `model.pre_train` and then runs the vit yaml's training block, which is what these pin.
+    f"configs/pretrained_cifar.py:dataset={dataset},vit=vit_s": {
+      **base,
+      "mode": "vit",
+      **CLIP_VIT_WORKER,
+      **VIT_S,
+      **CE_VIT,
+      "init_from": "workdirs/vits_in1k_pretrain",
+    },
+    # vit/vit-base.yaml from DeiT-S's ImageNet-1k weights (timm deit_small_patch16_224.fb_in1k).
+    f"configs/pretrained_cifar.py:dataset={dataset},vit=vit_b": {
+      **base,
+      "mode": "vit",
+      **CLIP_VIT_WORKER,
+      **VIT_B,
+      **CE_VIT,
+      "init_from": "pretrained/deit_small_patch16_224.safetensors",
+    },
     # cnn/resnet50.yaml (cvlib ImageNet-style resnet50 at 224 px)
     f"configs/cnn_baselines.py:model=resnet50,dataset={dataset}": {
       **RUN,

@@ -61,6 +61,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 1000
   c.keep_checkpoints = 3
   c.compute_dtype = "float32"  # "bfloat16" on GPU/TPU.
+  # Pre-trained ViT weights for a fresh run (init_from.py): a timm/DeiT .safetensors, .npz, .pth
+  # or a workdir of ours; "" trains from scratch.
+  c.init_from = ""
 
   c.data = ml_collections.ConfigDict()
   c.data.name = "cifar100"  # A tfds name, or "folder" for an image-folder root.

@@ -25,6 +25,7 @@ from vitboot_jax import (
   checkpoint,
   configlib,
   evaluate,
+  init_from,
   input_pipeline,
   metrics,
   preemption,
@@ -193,6 +194,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if models.attention_init:  # Mimetic / impulse: host-side rewrite of the attention weights.
       params = models.post_init(state.params, jax.random.fold_in(rng, 1))
       state = state.replace(params=jax.device_put(params, state_sharding.params))
+    if config.init_from:
+      state = init_from.initialise(state, config, models, tx, state_sharding)
     start_step = 0
   else:
     state, start_step = restored

@@ -89,6 +89,14 @@ def _cifar_rows(dataset: str) -> list[Row]:
       ("EfficientNet-B2", "efficientnet_b2", (94.14, 75.55)),
     )
   ]
+  # Fine-tuned from ImageNet-1k weights (the ViT-B row from DeiT-S's; see the config's docstring).
+  rows += [
+    Row(name, f"configs/pretrained_cifar.py:dataset={dataset},vit={vit}", "vit", paper[column])
+    for name, vit, paper in (
+      ("Pre-trained ViT-S", "vit_s", (95.70, 80.91)),
+      ("Pre-trained ViT-B", "vit_b", (97.17, 84.95)),
+    )
+  ]
   return rows
 
 

@@ -1,0 +1,150 @@
+"""`config.init_from`: start training with the ViT's weights read from a pre-trained checkpoint.
+
+Formats (by path): a timm/DeiT `.safetensors` file (read with safetensors' numpy API, no torch),
+an `.npz` (timm, official or our flattened names), a PyTorch `.pth`/`.pt`/`.bin` (needs torch;
+`python -m vitboot_jax.tools.convert_checkpoint IN.pth OUT.safetensors` converts it once), or a
+run of ours: its workdir, its `checkpoints/` directory or one `checkpoints/<step>` (the ViT's
+parameters of the newest complete step). Names and shapes are handled by models/pretrained.py.
+
+Only a fresh run imports: a workdir that holds a checkpoint resumes from it instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from etils import epath
+
+from vitboot_jax import checkpoint
+from vitboot_jax.models import pretrained
+from vitboot_jax.models.build import ModelSet
+from vitboot_jax.state import TrainState
+
+TORCH_SUFFIXES = (".pth", ".pt", ".bin")
+
+
+def read_state_dict(path: str) -> dict[str, np.ndarray]:
+  """The flat {name: array} of a weights file (safetensors, npz or, with torch, a .pth)."""
+  p = epath.Path(path)
+  if not p.exists():
+    raise FileNotFoundError(
+      f"config.init_from={path}: no such file or directory; give a .safetensors/.npz/.pth file "
+      "or a workdir of ours"
+    )
+  suffix = p.suffix.lower()
+  if suffix in (".safetensors", ".npz"):
+    try:
+      return _read_numpy_file(str(p), suffix)
+    except Exception as error:  # A truncated or mislabelled file: say which and what to do.
+      raise ValueError(
+        f"config.init_from={path} cannot be read as {suffix} ({type(error).__name__}: "
+        f"{str(error)[:200]}); is the download complete and the suffix right?"
+      ) from error
+  if suffix in TORCH_SUFFIXES:
+    try:
+      from vitboot_jax.tools.convert_checkpoint import read_torch_state_dict
+    except ImportError as error:
+      raise ImportError(
+        f"config.init_from={path} is a PyTorch file and torch is not installed: convert it once "
+        f"with `python -m vitboot_jax.tools.convert_checkpoint {path} OUT.safetensors` where "
+        "torch is installed (pip install 'vitboot_jax[torch]') and pass OUT.safetensors"
+      ) from error
+    return read_torch_state_dict(str(p))
+  raise ValueError(
+    f"config.init_from={path}: unknown format {suffix!r}; use .safetensors, .npz, .pth or a "
+    "workdir (orbax checkpoints) of ours"
+  )
+
+
+def _read_numpy_file(path: str, suffix: str) -> dict[str, np.ndarray]:
+  if suffix == ".safetensors":
+    from safetensors.numpy import load_file
+
+    return load_file(path)
+  with np.load(path) as data:
+    return {k: data[k] for k in data.files}
+
+
+def _orbax_step_dir(path: epath.Path) -> epath.Path:
+  """The step directory named by a workdir, its checkpoints/ directory or a step directory."""
+  if (path / checkpoint.COMMIT_MARKER).exists():
+    return path
+  if (path / checkpoint.CHECKPOINT_SUBDIR).is_dir():
+    path = path / checkpoint.CHECKPOINT_SUBDIR
+  steps = [
+    int(d.name)
+    for d in path.iterdir()
+    if d.name.isdigit() and (d / checkpoint.COMMIT_MARKER).exists()
+  ]
+  if not steps:
+    raise FileNotFoundError(
+      f"config.init_from={path} is a directory without a complete orbax checkpoint; give a "
+      "workdir of a run that saved one (checkpoints/<step>/commit_success.txt) or a weights file"
+    )
+  return path / str(max(steps))
+
+
+def read_orbax_vit(path: str) -> dict[str, Any]:
+  """The ViT parameters (numpy) of our newest complete checkpoint under `path`."""
+  import orbax.checkpoint as ocp
+
+  item = _orbax_step_dir(epath.Path(path)) / checkpoint._ITEM  # noqa: SLF001
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    stored = handler.metadata(item).tree
+    vit = stored.get("params", {}).get("vit") if isinstance(stored, dict) else None
+    if vit is None:
+      raise ValueError(
+        f"the checkpoint in {item.parent} has no ViT (params/vit): it was written by a run "
+        "without one (mode agent or cnn); give a run of mode vit, joint or shared"
+      )
+    # Only the ViT's arrays are read, as numpy on the host (the optimizer state is skipped).
+    wanted = {"params": {"vit": jax.tree.map(lambda m: np.empty(m.shape, m.dtype), vit)}}
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
+    restored = handler.restore(
+      item,
+      args=ocp.args.PyTreeRestore(item=wanted, restore_args=restore_args, partial_restore=True),
+    )
+  finally:
+    handler.close()
+  logging.info("init_from: read the ViT of checkpoint %s", item.parent)
+  return restored["params"]["vit"]
+
+
+def read_vit_params(path: str) -> dict[str, Any]:
+  """Our ViT tree (numpy) from any supported checkpoint (see the module docstring)."""
+  if epath.Path(path).is_dir():
+    return read_orbax_vit(path)
+  return pretrained.vit_params_from_state_dict(read_state_dict(path))
+
+
+def initialise(
+  state: TrainState,
+  config: ml_collections.ConfigDict,
+  models: ModelSet,
+  tx: optax.GradientTransformation,
+  state_sharding: TrainState,
+) -> TrainState:
+  """`state` (fresh) with its ViT read from `config.init_from` and a fresh optimizer state."""
+  path = config.init_from
+  if "vit" not in state.params:
+    raise ValueError(
+      f"config.init_from initialises the ViT, but mode {config.mode!r} trains none; use mode "
+      "vit, joint or shared, or drop config.init_from"
+    )
+  if models.attention_init:
+    raise ValueError(
+      f"config.model.init={config.model.init!r} would be overwritten by config.init_from; set "
+      "--config.model.init=official (or standard) when fine-tuning"
+    )
+  fresh = jax.tree.map(np.asarray, jax.device_get(state.params["vit"]))
+  vit = pretrained.fit_vit_params(read_vit_params(path), fresh, log=logging.info)
+  params = jax.device_put({**state.params, "vit": vit}, state_sharding.params)
+  opt_state = jax.jit(tx.init, out_shardings=state_sharding.opt_state)(params)
+  logging.info("init_from: the ViT starts from %s", path)
+  return state.replace(params=params, opt_state=opt_state)
