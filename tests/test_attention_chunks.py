@@ -1,5 +1,6 @@
 """Chunked training attention on CPU: the same outputs, gradients and dropout masks as the plain."""
 
+import dataclasses
 import functools
 
 import jax
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import vit as vit_lib
 
 
@@ -33,6 +35,7 @@ def test_chunks_give_the_plain_values_gradients_and_masks(attention, dtype, rtol
       dropout_key=jax.random.key(7),
       num_rows=q.shape[0],
       dtype=dtype,
+      kernels=kernels_lib.CPU,
     )
     out = vit_lib.attend_in_chunks(core, q, k, v, chunk) if chunk else core(q, k, v)[0]
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32))
@@ -59,6 +62,7 @@ def test_chunk_masks_are_the_whole_batch_masks():
     dropout_rate=0.5,
     dropout_key=jax.random.key(3),
     num_rows=q.shape[0],
+    kernels=kernels_lib.CPU,
   )
   plain = np.asarray(core(q, k, v)[0])
   chunked = np.asarray(vit_lib.attend_in_chunks(core, q, k, v, 2))
@@ -66,21 +70,25 @@ def test_chunk_masks_are_the_whole_batch_masks():
   assert np.abs(plain - 1).max() > 0.1  # The mask did something.
 
 
-def test_images_per_chunk_budget_and_devices(monkeypatch):
-  monkeypatch.setattr(vit_lib, "ATTENTION_CHUNK_BYTES", 3 * 4 * 5 * 5 * 4)  # 4 images of 3x5x5.
-  devices = jax.device_count()
-  assert devices == 8  # conftest
+def _cpu(budget: int, shards: int) -> kernels_lib.Kernels:
+  return dataclasses.replace(kernels_lib.CPU, attention_chunk_bytes=budget, batch_shards=shards)
+
+
+def test_images_per_chunk_budget_and_devices():
+  kernels = _cpu(3 * 4 * 5 * 5 * 4, 8)  # 4 images of 3x5x5, batch over 8 devices.
   # 64 images on 8 devices: 8 per device, at most 4 per device per slice -> 4 x 8.
-  assert vit_lib.images_per_chunk(64, 3, 5) == 32
+  assert vit_lib.images_per_chunk(kernels, 64, 3, 5) == 32
   # 24 per device: the largest divisor of 24 within the budget is 4.
-  assert vit_lib.images_per_chunk(192, 3, 5) == 32
+  assert vit_lib.images_per_chunk(kernels, 192, 3, 5) == 32
   # A batch the devices do not divide is sliced as on one device: largest divisor of 9 <= 4.
-  assert vit_lib.images_per_chunk(9, 3, 5) == 3
+  assert vit_lib.images_per_chunk(kernels, 9, 3, 5) == 3
   # One image above the budget still makes a slice of one image (per device).
-  assert vit_lib.images_per_chunk(16, 3, 50) == 8
+  assert vit_lib.images_per_chunk(kernels, 16, 3, 50) == 8
+  # The xla set never slices.
+  assert vit_lib.images_per_chunk(kernels_lib.XLA, 64, 3, 5) == 64
 
 
-def test_vit_train_step_identical_with_and_without_chunks(monkeypatch):
+def test_vit_train_step_identical_with_and_without_chunks():
   """Whole ViT, dropout on, batch sharded over the 8 devices: the loss and gradients agree."""
   model = vit_lib.ViT(
     num_classes=5, patch_size=4, embed_dim=12, depth=2, num_heads=3, mlp_dim=24, dropout=0.1
@@ -91,21 +99,20 @@ def test_vit_train_step_identical_with_and_without_chunks(monkeypatch):
   mesh = Mesh(np.array(jax.devices()), ("data",))
   images = jax.device_put(images, NamedSharding(mesh, PartitionSpec("data")))
 
-  def loss(params, images):
-    logits, _ = model.apply(
-      {"params": params}, images, train=True, rngs={"dropout": jax.random.key(2)}
-    )
-    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+  def run(kernels: kernels_lib.Kernels):
+    def loss(params, images):
+      logits, _ = model.clone(kernels=kernels).apply(
+        {"params": params}, images, train=True, rngs={"dropout": jax.random.key(2)}
+      )
+      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
 
-  def run(chunked: bool):
-    monkeypatch.setattr(vit_lib, "attention_in_chunks", lambda: chunked)
     return jax.jit(jax.value_and_grad(loss))(params, images)
 
   # Budget of 2 images: 4 per device -> slices of 2 per device, 16 in all, 2 loop steps.
-  monkeypatch.setattr(vit_lib, "ATTENTION_CHUNK_BYTES", 2 * 3 * 17 * 17 * 4)
-  assert vit_lib.images_per_chunk(32, 3, 17) == 16
-  plain_loss, plain_grads = run(False)
-  chunked_loss, chunked_grads = run(True)
+  chunked = _cpu(2 * 3 * 17 * 17 * 4, 8)
+  assert vit_lib.images_per_chunk(chunked, 32, 3, 17) == 16
+  plain_loss, plain_grads = run(_cpu(0, 8))
+  chunked_loss, chunked_grads = run(chunked)
   np.testing.assert_allclose(chunked_loss, plain_loss, rtol=1e-5)
   jax.tree.map(
     lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), chunked_grads, plain_grads

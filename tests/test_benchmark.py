@@ -1,10 +1,10 @@
 """The benchmark tool: JSON lines with every field, on the test devices, in one process."""
 
+import dataclasses
 import importlib.util
 import json
 import pathlib
 
-import jax
 import pytest
 
 from vitboot_jax.tools import benchmark
@@ -71,6 +71,7 @@ def test_mode_config_sets_mode_align_and_dtype():
 
 
 def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
+  from vitboot_jax.models import kernels as kernels_lib
   from vitboot_jax.models import vit as vit_lib
   from vitboot_jax.tools import kernel_ab
 
@@ -80,7 +81,8 @@ def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
     vit_lib, "attend_in_chunks", lambda *a, **k: traced.append(1) or original(*a, **k)
   )
   # A budget of one image: tiny_test's batch of 16 on 8 devices is sliced in two loop steps.
-  monkeypatch.setattr(vit_lib, "ATTENTION_CHUNK_BYTES", 1)
+  cpu = dataclasses.replace(kernels_lib.CPU, attention_chunk_bytes=1)
+  monkeypatch.setitem(kernels_lib.SETS, "cpu", cpu)
   printed = []
   rows = kernel_ab.run(
     load_config("tiny_test"),
@@ -98,18 +100,14 @@ def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
   assert row["step_s_old"] > 0 and row["step_s_new"] > 0
   assert row["speedup"] == row["step_s_old"] / row["step_s_new"]
   assert traced  # The new variant really took the chunked path.
-  assert vit_lib.attention_in_chunks() == (jax.default_backend() == "cpu")  # Restored.
 
 
-def test_kernel_ab_restores_gelu_and_rejects_unknown_switches():
-  from vitboot_jax.models import common
+def test_kernel_ab_flips_the_kernel_set_and_rejects_unknown_switches():
   from vitboot_jax.tools import kernel_ab
 
-  gelu = common.gelu
   (row,) = kernel_ab.run(
-    load_config("tiny_test"), switch="erf_gelu", batch=8, steps=1, warmup=0, modes=["agent"]
+    load_config("tiny_test"), switch="kernels", batch=8, steps=1, warmup=0, modes=["agent"]
   )
-  assert row["switch"] == "erf_gelu" and row["speedup"] > 0
-  assert common.gelu is gelu
+  assert row["switch"] == "kernels" and row["speedup"] > 0
   with pytest.raises(ValueError, match="--switch='nope' is unknown"):
     kernel_ab.run(load_config("tiny_test"), switch="nope", batch=8, steps=1, warmup=0, modes=[])

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vitboot_jax.models import conv
-from vitboot_jax.models.agent import assemble_kernel, tap_positions
+from vitboot_jax.models import conv, kernels
+from vitboot_jax.models.agent import tap_positions
+from vitboot_jax.models.kernels import assemble_kernel
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -92,6 +93,7 @@ def test_max_pool_equals_flax_max_pool_values_and_gradients():
   want = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
   got = conv.max_pool(x, 3, stride=2, pad=1)
   np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(kernels.xla_max_pool(x, 3, stride=2, pad=1), want)
   cotangent = jax.random.normal(jax.random.key(8), want.shape)
   grad = lambda f: jax.grad(lambda x: (f(x) * cotangent).sum())(x)
   np.testing.assert_allclose(

@@ -5,23 +5,31 @@ import pytest
 
 from tests import golden
 from vitboot_jax.models import convert
+from vitboot_jax.models import kernels as kernels_lib
 
 TOL = 1e-4  # Relative, float32 on CPU (golden/README.md).
 
 
-def test_vit_logits(golden_dir):
+@pytest.fixture(params=["xla", "cpu"])
+def kernels(request):
+  """Both kernel sets: what accelerators run (xla) and what CPUs run (cpu)."""
+  return kernels_lib.SETS[request.param]
+
+
+def test_vit_logits(golden_dir, kernels):
   data, sd, images, index = golden.load(golden_dir, "vit")
   cfg = index["config"]
   vit = golden.vit_module(cfg["transformer"], cfg["patch_embed"], index["num_classes"])
+  vit = vit.clone(kernels=kernels)
   variables = convert.import_vit(sd, depth=cfg["transformer"]["num_encoder_layers"])
   logits, _ = vit.apply({"params": variables["params"]["vit"]}, images)
   assert golden.rel_err(logits, data["logits"]) < TOL
 
 
 @pytest.mark.parametrize("name", ["shared_res_h9", "shared_vitstem_h9", "shared_res_h6"])
-def test_shared_logits_and_features(golden_dir, name):
+def test_shared_logits_and_features(golden_dir, name, kernels):
   data, sd, images, index = golden.load(golden_dir, name)
-  vit, agent = golden.shared_modules(index)
+  vit, agent = (m.clone(kernels=kernels) for m in golden.shared_modules(index))
   variables = convert.import_shared(sd, depth=vit.depth, num_heads=vit.num_heads)
   params = variables["params"]
   vit_logits, vit_out = vit.apply({"params": params["vit"]}, images)
@@ -40,9 +48,9 @@ def test_shared_logits_and_features(golden_dir, name):
 
 
 @pytest.mark.parametrize("name", ["agent_small_res_like", "agent_base_res_like"])
-def test_standalone_agent_logits(golden_dir, name):
+def test_standalone_agent_logits(golden_dir, name, kernels):
   data, sd, images, index = golden.load(golden_dir, name)
-  agent = golden.standalone_agent(index)
+  agent = golden.standalone_agent(index).clone(kernels=kernels)
   variables = convert.import_agent(sd, depth=agent.depth, num_taps=agent.num_heads)
   logits, _ = agent.apply(
     {"params": variables["params"]["agent"], "batch_stats": variables["batch_stats"]["agent"]},

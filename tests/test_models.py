@@ -10,6 +10,7 @@ import pytest
 
 from vitboot_jax import configlib
 from vitboot_jax.models import agent as agent_lib
+from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models.build import build_models
 from vitboot_jax.tools.summary import summarise
 
@@ -72,7 +73,8 @@ def _loop_conv(x, taps, bias, positions, k):
 
 @pytest.mark.parametrize("heads", [6, 9, 12, 3, 4, 16])
 @pytest.mark.parametrize("scheme", ["official", "centered"])
-def test_conv_equals_shifted_sum(heads, scheme):
+@pytest.mark.parametrize("kernels", [kernels_lib.XLA, kernels_lib.CPU], ids=["xla", "cpu"])
+def test_conv_equals_shifted_sum(heads, scheme, kernels):
   rng = np.random.default_rng(heads)
   x = rng.normal(size=(2, 7, 6, 5)).astype(np.float32)
   taps = rng.normal(size=(heads, 5, 4)).astype(np.float32)
@@ -83,7 +85,7 @@ def test_conv_equals_shifted_sum(heads, scheme):
     return
   k, positions = agent_lib.tap_positions(heads, scheme)
   got = agent_lib.generalised_conv(
-    jnp.asarray(x), jnp.asarray(taps), jnp.asarray(bias), scheme=scheme
+    jnp.asarray(x), jnp.asarray(taps), jnp.asarray(bias), scheme=scheme, kernels=kernels
   )
   np.testing.assert_allclose(got, _loop_conv(x, taps, bias, positions, k), rtol=1e-4, atol=1e-4)
   # Same as a standard lax convolution whose kernel holds W_h at tap h and zeros elsewhere.

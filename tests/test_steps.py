@@ -62,11 +62,21 @@ def gradients(config, models, state, batch, weight=1.0):
 # ---------------------------------------------------------------- fidelity to the official code
 
 
-@pytest.mark.parametrize("name", ["shared_res_h9", "shared_vitstem_h9", "shared_res_h6"])
-def test_official_loss_terms_and_gradients(golden_dir, name):
+@pytest.mark.parametrize(
+  "name, kernels",
+  [
+    ("shared_res_h9", "xla"),
+    ("shared_vitstem_h9", "xla"),
+    ("shared_res_h6", "xla"),
+    ("shared_res_h9", "cpu"),
+    ("shared_res_h6", "cpu"),
+  ],
+)
+def test_official_loss_terms_and_gradients(golden_dir, name, kernels):
   data, sd, images, index = golden.load(golden_dir, name)
   config = golden.shared_config(index)
   config.align = "none"
+  config.kernels = kernels
   models = build_models(config)
   variables = convert.import_shared(sd, config.model.depth, config.model.num_heads)
   batch = {"image": jnp.asarray(images), "label": jnp.asarray(data["labels"], jnp.int32)}
@@ -213,8 +223,10 @@ def test_joint_models_never_read_each_other():
 
 
 @pytest.mark.parametrize("mode", ["vit", "agent"])
-def test_single_model_modes(mode):
-  _, _, _, state, step = setup(mode)
+@pytest.mark.parametrize("kernels", ["xla", "cpu"])
+def test_single_model_modes(mode, kernels):
+  _, models, _, state, step = setup(mode, kernels=kernels)
+  assert models.kernels.name == kernels
   new_state, metrics = jax.jit(step)(state, batch_of())
   assert set(new_state.params) == {mode}
   assert f"train/ce_{mode}" in metrics and "train/kd_vit" not in metrics
@@ -245,9 +257,14 @@ def test_no_decay_keeps_the_feature_weight_past_the_first_epoch():
   assert int(state.step) == 6 and float(metrics["train/feature_weight"]) == 1.0
 
 
-def test_sharded_batch_matches_single_device():
+@pytest.mark.parametrize("kernels", ["xla", "cpu"])
+def test_sharded_batch_matches_single_device(kernels):
+  """Dropout on in both models: each kernel set draws the same masks on 1 and on 8 devices."""
   assert jax.device_count() == 8
-  config, models, tx, state, step = setup("shared")
+  config, models, tx, state, step = setup(
+    "shared", kernels=kernels, **{"model.dropout": 0.1, "agent.mlp_dropout": 0.1}
+  )
+  assert models.kernels.name == kernels
   batch = batch_of(16)
   _, single = jax.jit(step)(jax.tree.map(jnp.copy, state), batch)
   mesh = sharding.make_mesh()

@@ -39,6 +39,8 @@ AGENT_PRESETS = {
 }
 
 # Official per-dataset normalisation (the CIFAR-100 std reuses CIFAR-10's, as the official code).
+KERNELS = ("auto", "xla", "cpu")
+
 NORMALISATION = {
   "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
   "cifar100": ((0.5071, 0.4867, 0.4408), (0.2023, 0.1994, 0.2010)),
@@ -64,6 +66,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Pre-trained ViT weights for a fresh run (init_from.py): a timm/DeiT .safetensors, .npz, .pth
   # or a workdir of ours; "" trains from scratch.
   c.init_from = ""
+  # Kernel set (models/kernels.py): "auto" takes "cpu" when the mesh's devices are CPUs, else
+  # "xla"; "xla" / "cpu" force one (a kernel A/B is this flip).
+  c.kernels = "auto"
 
   c.data = ml_collections.ConfigDict()
   c.data.name = "cifar100"  # A tfds name, or "folder" for an image-folder root.
@@ -288,6 +293,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   """Fails fast with a message that names the field and the fix."""
   if c.mode not in MODES:
     raise ValueError(f"config.mode={c.mode!r} is unknown; choose one of {MODES}")
+  if c.get("kernels", "auto") not in KERNELS:
+    raise ValueError(f"config.kernels={c.kernels!r} is unknown; choose one of {KERNELS}")
   if c.agent.stem not in AGENT_STEMS:
     raise ValueError(f"config.agent.stem={c.agent.stem!r} is unknown; choose one of {AGENT_STEMS}")
   if c.agent.taps not in TAPS:

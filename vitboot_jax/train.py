@@ -171,7 +171,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     )
   steps_per_epoch = info.steps_per_epoch
   total_steps = _total_steps(config, steps_per_epoch)
-  models = build_models(config)
+  models = build_models(config, mesh.devices.flat)  # Kernels chosen by the mesh's devices.
   tx, schedule = steps.make_optimizer(config, models, steps_per_epoch)
 
   # Sharded init: shapes first, then one jitted init that writes straight into the shardings.

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vitboot_jax.models import common, conv, matmul
+from vitboot_jax.models import common
+from vitboot_jax.models.kernels import XLA, Kernels
 
 
 @functools.cache
@@ -58,38 +59,25 @@ def tap_positions(
   raise ValueError(f"config.agent.taps={scheme!r} is unknown; choose 'official' or 'centered'")
 
 
-def assemble_kernel(taps: jax.Array, k: int, positions: Sequence[tuple[int, int]]) -> jax.Array:
-  """[H, D_in, D_out] tap matrices -> [k, k, D_in, D_out] HWIO kernel, zeros elsewhere."""
-  rows = jnp.array([r for r, _ in positions])
-  cols = jnp.array([c for _, c in positions])
-  kernel = jnp.zeros((k, k) + taps.shape[1:], taps.dtype)
-  return kernel.at[rows, cols].set(taps)
-
-
 def generalised_conv(
-  x: jax.Array, taps: jax.Array, bias: jax.Array | None, *, scheme: str = "official"
+  x: jax.Array,
+  taps: jax.Array,
+  bias: jax.Array | None,
+  *,
+  scheme: str = "official",
+  kernels: Kernels = XLA,
 ) -> jax.Array:
   """CONV on an NHWC map: stride 1, zero padding, tap h at positions[h] of the window."""
   k, positions = tap_positions(taps.shape[0], scheme)
-  taps = taps.astype(x.dtype)
   pad = (k - 1) // 2
-  if conv.prefer_matmuls():
-    y = conv.taps_conv(x, taps, positions, k, padding=((pad, pad), (pad, pad)))
-  else:
-    y = jax.lax.conv_general_dilated(
-      x,
-      assemble_kernel(taps, k, positions),
-      (1, 1),
-      ((pad, pad), (pad, pad)),
-      dimension_numbers=("NHWC", "HWIO", "NHWC"),
-    )
+  y = kernels.taps_conv(x, taps.astype(x.dtype), positions, k, ((pad, pad), (pad, pad)))
   return y if bias is None else y + bias.astype(y.dtype)
 
 
-def shared_dense(x: jax.Array, dense: Mapping[str, jax.Array]) -> jax.Array:
+def shared_dense(x: jax.Array, dense: Mapping[str, jax.Array], kernels: Kernels = XLA) -> jax.Array:
   """The ViT's Dense layer applied as a 1x1 convolution, in the agent's compute dtype."""
   kernel = dense["kernel"].astype(x.dtype)
-  y = matmul.einsum("...k,kn->...n", x, kernel)
+  y = kernels.einsum("...k,kn->...n", x, kernel)
   return y + dense["bias"].astype(y.dtype)
 
 
@@ -122,6 +110,7 @@ class Stem(nn.Module):
   bn_eps: float = 1e-5
   init_scheme: str = "official"
   dtype: Any = jnp.float32
+  kernels: Kernels = XLA
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
@@ -136,7 +125,7 @@ class Stem(nn.Module):
         kernel_init=inits["patch"],
         bias_init=common.zeros,
         dtype=self.dtype,
-        conv_general_dilated=conv.conv_general_dilated,
+        conv_general_dilated=self.kernels.conv_general_dilated,
         name="conv",
       )(x)
     if self.kind == "res_like":
@@ -155,7 +144,7 @@ class Stem(nn.Module):
       use_bias=False,
       kernel_init=common.xavier_uniform,
       dtype=self.dtype,
-      conv_general_dilated=conv.conv_general_dilated,
+      conv_general_dilated=self.kernels.conv_general_dilated,
       name="conv1",
     )(x)
     x = nn.BatchNorm(
@@ -165,9 +154,9 @@ class Stem(nn.Module):
       dtype=self.dtype,
       name="bn",
     )(x)
-    x = common.gelu(x)
+    x = self.kernels.gelu(x)
     if self.kind == "res_like":
-      x = conv.max_pool(x, 3, stride=2, pad=1)
+      x = self.kernels.max_pool(x, 3, stride=2, pad=1)
     return nn.Conv(
       self.embed_dim,
       (3, 3),
@@ -176,7 +165,7 @@ class Stem(nn.Module):
       kernel_init=common.xavier_uniform,
       bias_init=inits["stem_bias"],
       dtype=self.dtype,
-      conv_general_dilated=conv.conv_general_dilated,
+      conv_general_dilated=self.kernels.conv_general_dilated,
       name="conv2",
     )(x)
 
@@ -194,6 +183,7 @@ class AgentBlock(nn.Module):
   bn_eps: float = 1e-5
   init_scheme: str = "official"
   dtype: Any = jnp.float32
+  kernels: Kernels = XLA
 
   @nn.compact
   def __call__(
@@ -207,7 +197,10 @@ class AgentBlock(nn.Module):
       dtype=self.dtype,
       name=name,
     )
-    drop = lambda y: common.Dropout(self.residual_dropout)(y, deterministic=not train)
+    dropout = self.kernels.dropout
+    drop = lambda y: common.Dropout(self.residual_dropout, kernel=dropout)(
+      y, deterministic=not train
+    )
     if shared is None:
       # Standalone / joint agent: full-rank taps; xavier with fan = D * taps as the official
       # Conv_SL (3x3 conv) and Conv_ManyHead ([D, D, H]) initialisers.
@@ -219,7 +212,7 @@ class AgentBlock(nn.Module):
         kernel_init=common.xavier_uniform,
         bias_init=inits["mlp_bias"],
         dtype=self.dtype,
-        dot_general=matmul.dot_general,
+        dot_general=self.kernels.dot_general,
         name="fc1",
       )
       fc2 = nn.Dense(
@@ -227,22 +220,22 @@ class AgentBlock(nn.Module):
         kernel_init=common.xavier_uniform,
         bias_init=inits["mlp_bias"],
         dtype=self.dtype,
-        dot_general=matmul.dot_general,
+        dot_general=self.kernels.dot_general,
         name="fc2",
       )
     else:
       attn, mlp = shared["attn"], shared["mlp"]
       taps = shared_taps(attn["qkv"]["kernel"], attn["out"]["kernel"], self.num_taps)
       conv_bias = attn["out"]["bias"]  # b_O only; b_V is not part of the CONV (reference §2.6).
-      fc1 = lambda y: shared_dense(y, mlp["fc1"])
-      fc2 = lambda y: shared_dense(y, mlp["fc2"])
+      fc1 = lambda y: shared_dense(y, mlp["fc1"], self.kernels)
+      fc2 = lambda y: shared_dense(y, mlp["fc2"], self.kernels)
 
     def conv(y):
-      return generalised_conv(y, taps, conv_bias, scheme=self.taps)
+      return generalised_conv(y, taps, conv_bias, scheme=self.taps, kernels=self.kernels)
 
     def mlp_branch(y):
-      y = common.gelu(fc1(y))
-      return fc2(common.Dropout(self.mlp_dropout)(y, deterministic=not train))
+      y = self.kernels.gelu(fc1(y))
+      return fc2(common.Dropout(self.mlp_dropout, kernel=dropout)(y, deterministic=not train))
 
     if self.pre_norm:
       x = x + drop(conv(bn("bn1")(x)))
@@ -276,6 +269,7 @@ class Agent(nn.Module):
   init_scheme: str = "official"
   shared: bool = False
   dtype: Any = jnp.float32
+  kernels: Kernels = XLA
 
   @nn.compact
   def __call__(
@@ -285,29 +279,31 @@ class Agent(nn.Module):
       raise ValueError("a shared agent reads the ViT's weights: pass vit_params=params['vit']")
     tap_positions(self.num_heads, self.taps)  # Fail at build time on an unsupported head count.
     x = Stem(
-      self.stem,
-      self.embed_dim,
-      self.patch_size,
-      self.stem_channels,
-      self.bn_momentum,
-      self.bn_eps,
-      self.init_scheme,
-      self.dtype,
+      kind=self.stem,
+      embed_dim=self.embed_dim,
+      patch_size=self.patch_size,
+      channels=self.stem_channels,
+      bn_momentum=self.bn_momentum,
+      bn_eps=self.bn_eps,
+      init_scheme=self.init_scheme,
+      dtype=self.dtype,
+      kernels=self.kernels,
       name="stem",
     )(images.astype(self.dtype), train=train)
     features = []
     for layer in range(self.depth):
       x = AgentBlock(
-        self.num_heads,
-        self.mlp_dim,
-        self.pre_norm,
-        self.taps,
-        self.mlp_dropout,
-        self.residual_dropout,
-        self.bn_momentum,
-        self.bn_eps,
-        self.init_scheme,
-        self.dtype,
+        num_taps=self.num_heads,
+        mlp_dim=self.mlp_dim,
+        pre_norm=self.pre_norm,
+        taps=self.taps,
+        mlp_dropout=self.mlp_dropout,
+        residual_dropout=self.residual_dropout,
+        bn_momentum=self.bn_momentum,
+        bn_eps=self.bn_eps,
+        init_scheme=self.init_scheme,
+        dtype=self.dtype,
+        kernels=self.kernels,
         name=f"block_{layer}",
       )(x, train=train, shared=vit_params[f"block_{layer}"] if self.shared else None)
       features.append(x)
@@ -320,7 +316,7 @@ class Agent(nn.Module):
       dtype=self.dtype,
       name="head_bn",
     )(x)
-    pre_logits = jnp.mean(common.gelu(x), axis=(1, 2))
+    pre_logits = jnp.mean(self.kernels.gelu(x), axis=(1, 2))
     logits = nn.Dense(
       self.num_classes,
       kernel_init=common.torch_linear_default(self.embed_dim),

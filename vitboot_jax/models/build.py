@@ -9,6 +9,7 @@ copy. Mode "cnn" trains one CNN baseline (ResNet-50 or EfficientNet-B2) under th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -19,15 +20,19 @@ from flax import linen as nn
 
 from vitboot_jax import configlib, drloc
 from vitboot_jax.models import attention_init
+from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models.agent import Agent
 from vitboot_jax.models.efficientnet import efficientnet_b2
+from vitboot_jax.models.kernels import XLA, Kernels
 from vitboot_jax.models.resnet import resnet50
 from vitboot_jax.models.vit import ViT
 
 CNN_BASELINES = {"resnet50": resnet50, "efficientnet_b2": efficientnet_b2}
 
 
-def build_vit(config: ml_collections.ConfigDict, dtype: Any = jnp.float32) -> ViT:
+def build_vit(
+  config: ml_collections.ConfigDict, dtype: Any = jnp.float32, kernels: Kernels = XLA
+) -> ViT:
   m = config.model
   # Attention initialisers (mimetic, impulse) start from the standard scheme and then rewrite
   # the attention weights on the host (ModelSet.post_init).
@@ -44,10 +49,17 @@ def build_vit(config: ml_collections.ConfigDict, dtype: Any = jnp.float32) -> Vi
     init_scheme=init,
     attention=m.attention,
     dtype=dtype,
+    kernels=kernels,
   )
 
 
-def build_agent(config: ml_collections.ConfigDict, *, shared: bool, dtype: Any = jnp.float32):
+def build_agent(
+  config: ml_collections.ConfigDict,
+  *,
+  shared: bool,
+  dtype: Any = jnp.float32,
+  kernels: Kernels = XLA,
+):
   m, a = config.model, config.agent
   return Agent(
     num_classes=config.data.num_classes,
@@ -68,6 +80,7 @@ def build_agent(config: ml_collections.ConfigDict, *, shared: bool, dtype: Any =
     init_scheme=a.init,
     shared=shared,
     dtype=dtype,
+    kernels=kernels,
   )
 
 
@@ -96,6 +109,7 @@ class ModelSet:
   drloc: dict[str, DrLocSetting] = dataclasses.field(default_factory=dict)
   attention_init: str | None = None
   token_grid: int = 0
+  kernels: Kernels = XLA
 
   @property
   def names(self) -> tuple[str, ...]:
@@ -261,16 +275,32 @@ def _feature_shape(mode, modules, name, images, layer) -> tuple[int, int, int]:
   return shape[1] * shape[2], shape[1], shape[2]
 
 
-def build_models(config: ml_collections.ConfigDict) -> ModelSet:
-  """The models of `config.mode`: vit, agent, both (joint: independent; shared: tied), or cnn."""
+def build_models(
+  config: ml_collections.ConfigDict,
+  devices: Sequence[Any] | None = None,
+  *,
+  platform: str | None = None,
+  kernels: Kernels | None = None,
+) -> ModelSet:
+  """The models of `config.mode`: vit, agent, both (joint: independent; shared: tied), or cnn.
+
+  `config.kernels` is resolved for the devices the steps run on (the mesh's; default: all of
+  jax's devices), or for `platform` ("cpu", "cuda", "tpu") when exporting for another machine.
+  An explicit `kernels` record wins over both (kernel A/Bs).
+  """
   configlib.validate(config)
+  choice = config.get("kernels", "auto")
+  if kernels is None and platform is not None:
+    kernels = kernels_lib.for_platform(choice, platform)
+  elif kernels is None:
+    kernels = kernels_lib.for_devices(choice, list(devices or jax.devices()))
   dtype = jnp.dtype(config.get("compute_dtype", "float32"))
   mode = config.mode
   modules: dict[str, nn.Module] = {}
   if mode in ("vit", "joint", "shared"):
-    modules["vit"] = build_vit(config, dtype)
+    modules["vit"] = build_vit(config, dtype, kernels)
   if mode in ("agent", "joint", "shared"):
-    modules["agent"] = build_agent(config, shared=mode == "shared", dtype=dtype)
+    modules["agent"] = build_agent(config, shared=mode == "shared", dtype=dtype, kernels=kernels)
   if mode == "cnn":
     modules["cnn"] = build_cnn(config, dtype)
   scheme = config.model.init if config.model.init in attention_init.SCHEMES else None
@@ -280,4 +310,5 @@ def build_models(config: ml_collections.ConfigDict) -> ModelSet:
     drloc=_drloc_settings(config, modules),
     attention_init=scheme if "vit" in modules else None,
     token_grid=config.image_size // config.model.patch_size,
+    kernels=kernels,
   )

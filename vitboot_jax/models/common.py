@@ -8,6 +8,7 @@ the mean, not the std). The "standard" set is the usual ViT recipe (big_vision-l
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -126,19 +127,20 @@ def dropout(
 
 
 class Dropout(nn.Module):
-  """Inverted dropout whose mask comes from a counter-based hash, not from threefry.
+  """Inverted dropout through an injected mask kernel (`Kernels.dropout`; default `dropout`).
 
-  flax's nn.Dropout draws a float32 uniform (32 threefry bits) per element; at ViT scale the
-  masks (attention probabilities, MLP hidden, both residuals) were the largest single cost of
-  a CPU training step. `hashed_bits` costs ~10 integer ops per element and fuses into the
-  select that applies the mask. The drop probability is quantised to 2^-32 and kept values are
-  scaled by the exact keep probability, so expectations are preserved.
+  The default draws its mask from a counter-based hash, not from threefry: flax's nn.Dropout
+  draws a float32 uniform (32 threefry bits) per element, and at ViT scale those masks were the
+  largest single cost of a CPU training step. `hashed_bits` costs ~10 integer ops per element
+  and fuses into the select that applies the mask. The drop probability is quantised to 2^-32
+  and kept values are scaled by the exact keep probability, so expectations are preserved.
   """
 
   rate: float
+  kernel: Callable[..., jax.Array] = dropout
 
   def rng(self) -> jax.Array:
-    """The key `__call__` would draw its mask from (for code that applies `dropout` itself)."""
+    """The key `__call__` would draw its mask from (for code that applies the kernel itself)."""
     return self.make_rng("dropout")
 
   @nn.compact
@@ -147,4 +149,4 @@ class Dropout(nn.Module):
       return x
     if self.rate >= 1.0:  # Everything dropped: no key needed.
       return jnp.zeros_like(x)
-    return dropout(x, self.rate, self.rng())
+    return self.kernel(x, self.rate, self.rng())

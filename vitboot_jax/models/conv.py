@@ -5,8 +5,8 @@ convolution at a fraction of it (measured on our dev VM at batch 32: the agent's
 28x28x288 took 1.07 s forward+backward as a convolution, 0.36 s as bf16 matmuls; the 7x7 stem on
 3 input channels ran its kernel gradient at 16 GFLOP/s), and it never uses the AMX/AVX512-BF16
 matmul kernel. Written as matmuls, forward and backward are GEMMs that `matmul.einsum` runs on
-that kernel under bf16. On GPUs and TPUs, cuDNN and the TPU convolution unit are better than
-anything built from matmuls, so there `conv_general_dilated` is lax's.
+that kernel under bf16. These are the `cpu` kernel set's (models/kernels.py); on GPUs and TPUs
+cuDNN and the TPU convolution unit beat anything built from matmuls, so the `xla` set uses lax's.
 
 Three shapes of matmul, by what the convolution looks like:
 - non-overlapping patches (stride = kernel, no padding: the ViT patch embedding): a reshape;
@@ -27,11 +27,6 @@ from vitboot_jax.models import matmul
 
 # Below this many input channels a per-tap matmul is too thin for a GEMM: use im2col instead.
 _IM2COL_MAX_CHANNELS = 64
-
-
-def prefer_matmuls() -> bool:
-  """Whether convolutions run as matmuls (on CPU) or as XLA convolutions (accelerators)."""
-  return jax.default_backend() == "cpu"
 
 
 def _pads(padding, spatial: Sequence[int], window: Sequence[int], strides: Sequence[int]):
@@ -116,14 +111,13 @@ def conv_general_dilated(
   precision=None,
   **kw,
 ):
-  """flax's `conv_general_dilated=` hook: matmuls on CPU for plain NHWC convolutions.
+  """flax's `conv_general_dilated=` hook: matmuls for plain NHWC convolutions.
 
-  Dilated, grouped or otherwise laid-out convolutions, explicit precisions, and every
-  convolution on an accelerator go to lax.conv_general_dilated unchanged.
+  Dilated, grouped or otherwise laid-out convolutions and explicit precisions go to
+  lax.conv_general_dilated unchanged.
   """
   plain = (
-    prefer_matmuls()
-    and lhs.ndim == 4
+    lhs.ndim == 4
     and not any(d != 1 for d in (lhs_dilation or ()))
     and not any(d != 1 for d in (rhs_dilation or ()))
     and feature_group_count == 1
@@ -149,7 +143,7 @@ def conv_general_dilated(
 
 
 def max_pool(x: jax.Array, window: int, stride: int, pad: int) -> jax.Array:
-  """NHWC max pooling with -inf padding, as nn.max_pool; on CPU as a max over strided views.
+  """NHWC max pooling with -inf padding, as nn.max_pool, as a max over strided views.
 
   XLA:CPU differentiates reduce_window max with select_and_scatter over int32 window indices,
   which took 0.3 s of a 4 s shared step (the res-like stem, batch 32). The max of k*k strided
@@ -157,15 +151,6 @@ def max_pool(x: jax.Array, window: int, stride: int, pad: int) -> jax.Array:
   gradient to every maximal input rather than to one.
   """
   pads = ((pad, pad), (pad, pad))
-  if not prefer_matmuls():
-    return jax.lax.reduce_window(
-      x,
-      -jnp.inf,
-      jax.lax.max,
-      (1, window, window, 1),
-      (1, stride, stride, 1),
-      ((0, 0), *pads, (0, 0)),
-    )
   x = jnp.pad(x, ((0, 0), *pads, (0, 0)), constant_values=-jnp.inf)
   out_hw = tuple((x.shape[1 + i] - window) // stride + 1 for i in range(2))
   views = [_tap(x, r, c, out_hw, (stride, stride)) for r in range(window) for c in range(window)]

@@ -26,7 +26,10 @@ def _eqn_macs(eqn) -> int:
     rhs_shape = eqn.invars[1].aval.shape
     out_features = rhs_shape[eqn.params["dimension_numbers"].rhs_spec[0]]
     per_output = int(np.prod(rhs_shape, dtype=np.int64)) // out_features
-    return int(np.prod(eqn.outvars[0].aval.shape, dtype=np.int64)) * per_output
+    # A dilated input (the input gradient of a strided convolution) is mostly inserted zeros:
+    # only one window position in prod(lhs_dilation) meets a real input.
+    dilation = int(np.prod(eqn.params.get("lhs_dilation") or (1,), dtype=np.int64))
+    return int(np.prod(eqn.outvars[0].aval.shape, dtype=np.int64)) * per_output // dilation
   return 0
 
 

@@ -15,39 +15,28 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vitboot_jax.models import common, conv, matmul
+from vitboot_jax.models import common
 from vitboot_jax.models.entmax import entmax_bisect
+from vitboot_jax.models.kernels import XLA, Kernels
 
 ATTENTIONS = ("softmax", "entmax")
 
-# Training-time attention on CPU runs over slices of the batch whose attention matrices take at
-# most this many bytes each, every slice rematerialised in the backward pass: the logits and
-# probabilities then stay in the core's cache from the forward to the gradient instead of
-# streaming the whole [B, heads, T, T] tensor through memory five times. The ViT-S train step
-# at 224 px, batch 32, runs 1.19x faster (`tools/kernel_ab.py --switch attention_chunks`);
-# forward-only passes gain nothing and keep the plain path.
-ATTENTION_CHUNK_BYTES = 3 * 2**20
 
+def images_per_chunk(kernels: Kernels, batch: int, heads: int, tokens: int, itemsize: int = 4):
+  """The largest slice of the batch whose [heads, T, T] attention fits the kernels' budget.
 
-def attention_in_chunks() -> bool:
-  """Chunked attention pays off on CPU caches; GPUs and TPUs keep XLA's fused attention."""
-  return jax.default_backend() == "cpu"
-
-
-def images_per_chunk(batch: int, heads: int, tokens: int, itemsize: int = 4) -> int:
-  """The largest slice of the batch whose [heads, T, T] attention fits ATTENTION_CHUNK_BYTES.
-
-  The slice is a multiple of the device count when the batch is (data-parallel runs), so every
-  slice has the same number of images on each device and the loop needs no communication.
+  Returns `batch` (one slice) when the set does not chunk attention. The slice is a multiple
+  of `kernels.batch_shards` when the batch is (data-parallel runs), so every slice has the same
+  number of images on each device and the loop needs no communication.
   """
-  devices = jax.device_count()
-  devices = devices if batch % devices == 0 else 1
-  local = batch // devices
+  if not kernels.attention_chunk_bytes:
+    return batch
+  shards = kernels.batch_shards if batch % kernels.batch_shards == 0 else 1
+  local = batch // shards
   per_image = heads * tokens * tokens * itemsize
-  fits = [
-    c for c in range(1, local + 1) if local % c == 0 and c * per_image <= ATTENTION_CHUNK_BYTES
-  ]
-  return max(fits, default=1) * devices
+  budget = kernels.attention_chunk_bytes
+  fits = [c for c in range(1, local + 1) if local % c == 0 and c * per_image <= budget]
+  return max(fits, default=1) * shards
 
 
 def attend(
@@ -62,21 +51,22 @@ def attend(
   dropout_key: jax.Array | None,
   num_rows: int = 0,
   dtype: Any = jnp.float32,
+  kernels: Kernels = XLA,
 ) -> tuple[jax.Array, jax.Array]:
   """Attention core on [B, heads, T, d] (q already scaled): returns (output, probabilities).
 
   `rows` are the batch indices of these images in the whole batch of `num_rows` (chunked
   attention), so the dropout mask is the one the whole batch would draw.
   """
-  logits = matmul.einsum("bhqd,bhkd->bhqk", q, k)
+  logits = kernels.einsum("bhqd,bhkd->bhqk", q, k)
   # Probabilities in float32 even under bf16 compute: attention logits overflow bf16 easily.
   if attention == "entmax":
     probs = entmax_bisect(logits.astype(jnp.float32), alpha, axis=-1).astype(dtype)
   else:
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
   if dropout_key is not None:
-    probs = common.dropout(probs, dropout_rate, dropout_key, rows, num_rows)
-  return matmul.einsum("bhqk,bhkd->bhqd", probs, v), probs
+    probs = kernels.dropout(probs, dropout_rate, dropout_key, rows, num_rows)
+  return kernels.einsum("bhqk,bhkd->bhqd", probs, v), probs
 
 
 def attend_in_chunks(core, q: jax.Array, k: jax.Array, v: jax.Array, chunk: int) -> jax.Array:
@@ -131,6 +121,7 @@ class Attention(nn.Module):
   init_scheme: str = "official"
   dtype: Any = jnp.float32
   attention: str = "softmax"
+  kernels: Kernels = XLA
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
@@ -145,7 +136,7 @@ class Attention(nn.Module):
       kernel_init=inits["dense"],
       bias_init=common.zeros,
       dtype=self.dtype,
-      dot_general=matmul.dot_general,
+      dot_general=self.kernels.dot_general,
       name="qkv",
     )(x)
     q, k, v = einops.rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
@@ -153,7 +144,7 @@ class Attention(nn.Module):
     alpha = None
     if self.attention == "entmax":
       alpha = self.param("entmax_alpha", nn.initializers.constant(1.5), (), jnp.float32)
-    drop = common.Dropout(self.dropout)
+    drop = common.Dropout(self.dropout, kernel=self.kernels.dropout)
     use_dropout = train and self.dropout > 0.0
     core = functools.partial(
       attend,
@@ -163,9 +154,10 @@ class Attention(nn.Module):
       dropout_key=drop.rng() if use_dropout else None,
       num_rows=q.shape[0],
       dtype=self.dtype,
+      kernels=self.kernels,
     )
     b, _, tokens, _ = q.shape
-    chunk = images_per_chunk(b, self.num_heads, tokens) if train and attention_in_chunks() else b
+    chunk = images_per_chunk(self.kernels, b, self.num_heads, tokens) if train else b
     if chunk < b:
       out = attend_in_chunks(core, q, k, v, chunk)
     else:
@@ -177,7 +169,7 @@ class Attention(nn.Module):
       kernel_init=inits["dense"],
       bias_init=common.zeros,
       dtype=self.dtype,
-      dot_general=matmul.dot_general,
+      dot_general=self.kernels.dot_general,
       name="out",
     )(out)
 
@@ -189,6 +181,7 @@ class Mlp(nn.Module):
   dropout: float = 0.0
   init_scheme: str = "official"
   dtype: Any = jnp.float32
+  kernels: Kernels = XLA
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
@@ -198,11 +191,11 @@ class Mlp(nn.Module):
       kernel_init=inits["dense"],
       bias_init=inits["mlp_bias"],
       dtype=self.dtype,
-      dot_general=matmul.dot_general,
+      dot_general=self.kernels.dot_general,
       name=name,
     )
-    h = common.gelu(dense(self.hidden_dim, "fc1")(x))
-    h = common.Dropout(self.dropout)(h, deterministic=not train)
+    h = self.kernels.gelu(dense(self.hidden_dim, "fc1")(x))
+    h = common.Dropout(self.dropout, kernel=self.kernels.dropout)(h, deterministic=not train)
     return dense(x.shape[-1], "fc2")(h)
 
 
@@ -216,16 +209,32 @@ class EncoderBlock(nn.Module):
   init_scheme: str = "official"
   dtype: Any = jnp.float32
   attention: str = "softmax"
+  kernels: Kernels = XLA
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
     ln = lambda name: nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype, name=name)
-    drop = lambda y: common.Dropout(self.dropout)(y, deterministic=not train)
+    drop = lambda y: common.Dropout(self.dropout, kernel=self.kernels.dropout)(
+      y, deterministic=not train
+    )
     attn = Attention(
-      self.num_heads, self.dropout, self.init_scheme, self.dtype, self.attention, name="attn"
+      num_heads=self.num_heads,
+      dropout=self.dropout,
+      init_scheme=self.init_scheme,
+      dtype=self.dtype,
+      attention=self.attention,
+      kernels=self.kernels,
+      name="attn",
     )
     x = x + drop(attn(ln("ln1")(x), train=train))
-    mlp = Mlp(self.mlp_dim, self.dropout, self.init_scheme, self.dtype, name="mlp")
+    mlp = Mlp(
+      hidden_dim=self.mlp_dim,
+      dropout=self.dropout,
+      init_scheme=self.init_scheme,
+      dtype=self.dtype,
+      kernels=self.kernels,
+      name="mlp",
+    )
     return x + drop(mlp(ln("ln2")(x), train=train))
 
 
@@ -246,6 +255,7 @@ class ViT(nn.Module):
   init_scheme: str = "official"
   dtype: Any = jnp.float32
   attention: str = "softmax"  # "softmax" | "entmax" (the paper's Sparse ViT).
+  kernels: Kernels = XLA
 
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool = False):
@@ -263,7 +273,7 @@ class ViT(nn.Module):
       kernel_init=inits["patch_kernel"],
       bias_init=common.zeros,
       dtype=self.dtype,
-      conv_general_dilated=conv.conv_general_dilated,
+      conv_general_dilated=self.kernels.conv_general_dilated,
       name="patch_embed",
     )(images.astype(self.dtype))
     x = einops.rearrange(x, "b h w d -> b (h w) d")  # Row-major patches, as torch's flatten(2).
@@ -273,13 +283,14 @@ class ViT(nn.Module):
     features = []
     for layer in range(self.depth):
       x = EncoderBlock(
-        self.num_heads,
-        self.mlp_dim,
-        self.dropout,
-        self.ln_eps,
-        self.init_scheme,
-        self.dtype,
-        self.attention,
+        num_heads=self.num_heads,
+        mlp_dim=self.mlp_dim,
+        dropout=self.dropout,
+        ln_eps=self.ln_eps,
+        init_scheme=self.init_scheme,
+        dtype=self.dtype,
+        attention=self.attention,
+        kernels=self.kernels,
         name=f"block_{layer}",
       )(x, train=train)
       features.append(x)
@@ -290,7 +301,7 @@ class ViT(nn.Module):
       kernel_init=inits["head_kernel"],
       bias_init=inits["head_bias"],
       dtype=self.dtype,
-      dot_general=matmul.dot_general,
+      dot_general=self.kernels.dot_general,
       name="head",
     )(pre_logits)
     return logits.astype(jnp.float32), {"features": tuple(features), "pre_logits": pre_logits}

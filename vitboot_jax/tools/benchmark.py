@@ -43,6 +43,7 @@ from vitboot_jax import configlib, sharding
 from vitboot_jax import steps as step_lib
 from vitboot_jax.models import costs, matmul
 from vitboot_jax.models.build import build_models
+from vitboot_jax.models.kernels import Kernels
 from vitboot_jax.state import create_state
 
 ALL_MODES = ("vit", "agent", "joint", "shared", "shared_noalign")
@@ -172,6 +173,14 @@ class CompiledStep:
     return self.state, metrics
 
 
+def _xla_train_step(config, tx, schedule):
+  """The train step with the xla kernels: MAC counts that do not depend on the machine."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.kernels = "xla"
+  return step_lib.make_train_step(config, build_models(config), tx, schedule, _STEPS_PER_EPOCH)
+
+
 def compile_mode_step(
   config: ml_collections.ConfigDict,
   mode: str,
@@ -179,10 +188,14 @@ def compile_mode_step(
   *,
   batch: int,
   dtype: str | None = None,
+  kernels: Kernels | None = None,
 ) -> CompiledStep:
-  """Builds, initialises and jits one mode's step as train.py does, on a synthetic batch."""
+  """Builds, initialises and jits one mode's step as train.py does, on a synthetic batch.
+
+  `kernels` replaces the set `config.kernels` resolves to on the mesh (kernel A/Bs).
+  """
   config = mode_config(config, mode, batch, dtype)
-  models = build_models(config)
+  models = build_models(config, mesh.devices.flat, kernels=kernels)
   tx, schedule = step_lib.make_optimizer(config, models, _STEPS_PER_EPOCH)
   image_shape = (config.image_size, config.image_size, 3)
   replicated = sharding.replicated(mesh)
@@ -193,7 +206,7 @@ def compile_mode_step(
   data = synthetic_batch(config, batch, mesh)
 
   train_step = step_lib.make_train_step(config, models, tx, schedule, _STEPS_PER_EPOCH)
-  macs = costs.count_macs(train_step, state, data)
+  macs = costs.count_macs(_xla_train_step(config, tx, schedule), state, data)
   jitted = jax.jit(train_step, donate_argnums=0, out_shardings=(state_sharding, replicated))
   start = time.perf_counter()
   compiled = jitted.lower(state, data).compile()

@@ -3,9 +3,10 @@ r"""A/B of one kernel choice of the models: the train step with the new and the 
   python -m vitboot_jax.tools.kernel_ab --config=configs/vits_cifar100.py --batch 32 \
     --switch attention_chunks --modes vit,shared --steps 5 [--dtype bfloat16]
 
-Switches (SWITCHES): `attention_chunks`, training attention in rematerialised batch slices
-(models/vit.py; on CPU by default) against the whole-batch attention; `erf_gelu`, GELU written
-with erf (models/common.py) against jax's erfc form.
+Switches (SWITCHES), each a change of the kernel record (models/kernels.py) of the mesh:
+`kernels`, the cpu set against the xla set (the `config.kernels` flip); `attention_chunks`,
+training attention in rematerialised batch slices against the whole-batch attention (cpu set);
+`erf_gelu`, GELU written with erf (models/common.py) against jax's erfc form (cpu set).
 
 Both variants of each mode are compiled as the benchmark compiles them
 (`benchmark.compile_mode_step`) and timed alternately, step by step, in one process, so a noisy
@@ -17,6 +18,7 @@ Output, one JSON object per mode: {"switch", "mode", "batch", "step_s_old", "ste
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import statistics
@@ -27,34 +29,34 @@ from typing import Any
 import jax
 import ml_collections
 from absl import app, flags
-from flax import linen as nn
 from ml_collections import config_flags
 
 from vitboot_jax import sharding
-from vitboot_jax.models import common
+from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import vit as vit_lib
+from vitboot_jax.models.kernels import Kernels
 from vitboot_jax.tools import benchmark
 
 
-def _erfc_gelu(x: jax.Array) -> jax.Array:
-  return nn.gelu(x, approximate=False)
+def _set(name: str, **changes: Any) -> Callable[[Kernels], Kernels]:
+  """Set `name` (with `changes`) on the devices the resolved set was made for."""
+  return lambda resolved: dataclasses.replace(
+    kernels_lib.SETS[name], batch_shards=resolved.batch_shards, **changes
+  )
 
 
-# switch -> (module, attribute, new value, old value); the attribute is read while tracing.
-SWITCHES = {
-  "attention_chunks": (vit_lib, "attention_in_chunks", lambda: True, lambda: False),
-  "erf_gelu": (common, "gelu", common.gelu, _erfc_gelu),
+# switch -> (new variant, old variant): functions of the set the mesh resolves `auto` to.
+SWITCHES: dict[str, tuple[Callable[[Kernels], Kernels], Callable[[Kernels], Kernels]]] = {
+  "kernels": (_set("cpu"), _set("xla")),
+  "attention_chunks": (_set("cpu"), _set("cpu", attention_chunk_bytes=0)),
+  "erf_gelu": (_set("cpu"), _set("cpu", gelu=kernels_lib.xla_gelu)),
 }
 
 
 def _compile(config, mode: str, mesh, *, batch: int, dtype: str | None, switch: str, new: bool):
-  module, name, new_value, old_value = SWITCHES[switch]
-  original = getattr(module, name)
-  setattr(module, name, new_value if new else old_value)
-  try:
-    return benchmark.compile_mode_step(config, mode, mesh, batch=batch, dtype=dtype)
-  finally:
-    setattr(module, name, original)
+  variant = SWITCHES[switch][0 if new else 1]
+  kernels = variant(kernels_lib.for_devices("auto", mesh.devices.flat))
+  return benchmark.compile_mode_step(config, mode, mesh, batch=batch, dtype=dtype, kernels=kernels)
 
 
 def compare_mode(
@@ -97,8 +99,9 @@ def compare_mode(
   if switch == "attention_chunks":
     model = variants["old"].config.model
     tokens = (config.image_size // model.patch_size) ** 2 + 1
-    row["images_per_chunk"] = vit_lib.images_per_chunk(batch, model.num_heads, tokens)
-    row["chunk_bytes"] = vit_lib.ATTENTION_CHUNK_BYTES
+    cpu = SWITCHES[switch][0](kernels_lib.for_devices("auto", mesh.devices.flat))
+    row["images_per_chunk"] = vit_lib.images_per_chunk(cpu, batch, model.num_heads, tokens)
+    row["chunk_bytes"] = cpu.attention_chunk_bytes
   return row
 
 

@@ -1,0 +1,87 @@
+"""Every step of every mode lowers for GPUs and TPUs: real convolutions, no host callbacks."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from vitboot_jax.tools import lowering
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_config(name: str):
+  spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(None)
+
+
+def check_accelerator_rows(rows, platforms=("cuda", "tpu")):
+  assert {(r["mode"], r["platform"], r["dtype"]) for r in rows} == {
+    (m, p, d) for m in lowering.MODES for p in platforms for d in lowering.DTYPES
+  }
+  for row in rows:
+    name = f"{row['mode']}/{row['platform']}/{row['dtype']}"
+    assert row["ok"] and row["error"] is None, (name, row["error"])
+    assert row["kernels"] == "xla", name
+    assert row["host_callbacks"] == 0, name
+    assert row["dot_generals"] > 0 and row["flops"] > 0, name
+    # The agent's stem and CONV (and the ViT's patch embedding) are real convolutions.
+    assert row["convolutions"] > 0, name
+
+
+def test_tiny_config_lowers_for_accelerators_and_cpu():
+  config = load_config("tiny_test")
+  printed = []
+  rows = lowering.run(config, platforms=("cuda", "tpu", "cpu"), emit=printed.append)
+  assert [json.loads(line) for line in printed] == rows
+  check_accelerator_rows([r for r in rows if r["platform"] != "cpu"])
+  by_key = {(r["mode"], r["platform"], r["dtype"]): r for r in rows}
+  depth = config.model.depth
+  for mode in ("agent", "joint", "shared"):
+    # Forward stem (2 convs) + CONV per block in the train step, again in the eval step.
+    assert by_key[(mode, "cuda", "float32")]["convolutions"] >= 2 * (2 + depth)
+    # On CPU devices `auto` takes the cpu set: convolutions as matmuls.
+    cpu = by_key[(mode, "cpu", "float32")]
+    assert cpu["kernels"] == "cpu" and cpu["convolutions"] == 0 and cpu["ok"]
+    # FLOPs are those of the plain ops, whichever set the platform runs.
+    assert cpu["flops"] == by_key[(mode, "cuda", "float32")]["flops"]
+
+
+def test_unknown_mode_is_rejected():
+  with pytest.raises(ValueError, match="--modes"):
+    lowering.run(load_config("tiny_test"), platforms=("cuda",), modes=("cnn",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config_name", ["vits_cifar100", "vitb_cifar100"])
+def test_paper_configs_lower_for_gpu_and_tpu(config_name):
+  """The command of the acceptance test, as a program: every line ok, convolutions, no callbacks."""
+  env = {**os.environ, "PYTHONPATH": str(ROOT)}
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "vitboot_jax.tools.lowering",
+      f"--config={ROOT / 'configs' / config_name}.py",
+      "--platforms=cuda,tpu",
+      "--batch=8",
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    check=False,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+  check_accelerator_rows(rows)
+  # The paper's ViT-S trains at ~8 GFLOP per image (3x its 2.7 GFLOP forward).
+  if config_name == "vits_cifar100":
+    vit = next(r for r in rows if r["mode"] == "vit")
+    assert 7.5e9 < vit["flops_per_image"] < 8.5e9

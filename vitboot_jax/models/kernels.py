@@ -1,0 +1,182 @@
+"""The kernels the models are built from, as one injected record with two sets.
+
+`XLA`: plain lax / flax ops, what GPUs and TPUs run (cuDNN convolutions, the TPU matrix and
+convolution units, XLA's fused attention). 16-bit floats go through `dot_general` with
+float32 accumulation (`preferred_element_type`) and jax's own derivatives.
+`CPU`: the kernels that pay on XLA:CPU (models/matmul.py, models/conv.py, the erf GELU, hashed
+dropout masks, training attention in cache-sized slices).
+
+Models take the record as a field and never look at the backend; `for_devices` picks the set
+from the devices a step runs on (the mesh). MAC counts (models/costs.py) use `XLA`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from vitboot_jax.models import common, conv, matmul
+
+CHOICES = ("auto", "xla", "cpu")
+
+_HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+  """One set of kernels; every field is read while tracing.
+
+  einsum(subscripts, a, b, out_dtype=None): a two-operand einsum, float32 sums.
+  dot_general / conv_general_dilated: flax's Dense / Conv hooks.
+  taps_conv(x, taps, positions, window, padding): the agent's generalised convolution, tap h
+    ([C_in, C_out]) at positions[h] of a window x window kernel.
+  max_pool(x, window, stride, pad), gelu(x) (exact), dropout(x, rate, key, rows, num_rows).
+  attention_chunk_bytes: > 0 runs training attention in rematerialised batch slices whose
+    attention matrices take at most this many bytes (models/vit.py); 0 keeps one whole-batch op.
+  batch_shards: how many devices the batch is split over, so slices stay aligned with them.
+  """
+
+  name: str
+  einsum: Callable[..., jax.Array]
+  dot_general: Callable[..., jax.Array]
+  conv_general_dilated: Callable[..., jax.Array]
+  taps_conv: Callable[..., jax.Array]
+  max_pool: Callable[..., jax.Array]
+  gelu: Callable[[jax.Array], jax.Array]
+  dropout: Callable[..., jax.Array]
+  attention_chunk_bytes: int = 0
+  batch_shards: int = 1
+
+
+def _accumulator(dtype) -> Any:
+  return jnp.float32 if jnp.dtype(dtype) in _HALF_FLOATS else None
+
+
+def xla_einsum(subscripts: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.Array:
+  """jnp.einsum with float32 sums for 16-bit inputs, rounded to `out_dtype` (default: inputs)."""
+  in_dtype = jnp.result_type(a, b)
+  out_dtype = jnp.dtype(out_dtype or in_dtype)
+  sums = _accumulator(in_dtype) or out_dtype
+  return jnp.einsum(subscripts, a, b, preferred_element_type=sums).astype(out_dtype)
+
+
+def xla_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kw):
+  """lax.dot_general; 16-bit inputs accumulate in float32 and round back once."""
+  in_dtype = jnp.result_type(lhs, rhs)
+  if preferred_element_type is None and _accumulator(in_dtype) is not None:
+    out = jax.lax.dot_general(
+      lhs, rhs, dimension_numbers, precision, preferred_element_type=jnp.float32, **kw
+    )
+    return out.astype(in_dtype)
+  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, **kw)
+
+
+def assemble_kernel(taps: jax.Array, k: int, positions: Sequence[tuple[int, int]]) -> jax.Array:
+  """[H, D_in, D_out] tap matrices -> [k, k, D_in, D_out] HWIO kernel, zeros elsewhere."""
+  rows = jnp.array([r for r, _ in positions])
+  cols = jnp.array([c for _, c in positions])
+  kernel = jnp.zeros((k, k) + taps.shape[1:], taps.dtype)
+  return kernel.at[rows, cols].set(taps)
+
+
+def xla_taps_conv(x, taps, positions, window: int, padding) -> jax.Array:
+  """The generalised convolution as one real convolution over the assembled kernel."""
+  return jax.lax.conv_general_dilated(
+    x,
+    assemble_kernel(taps, window, positions),
+    (1, 1),
+    padding,
+    dimension_numbers=("NHWC", "HWIO", "NHWC"),
+  )
+
+
+def cpu_taps_conv(x, taps, positions, window: int, padding) -> jax.Array:
+  return conv.taps_conv(x, taps, positions, window, padding=padding)
+
+
+def xla_max_pool(x: jax.Array, window: int, stride: int, pad: int) -> jax.Array:
+  """NHWC max pooling with -inf padding (reduce_window, as nn.max_pool)."""
+  return jax.lax.reduce_window(
+    x,
+    -jnp.inf,
+    jax.lax.max,
+    (1, window, window, 1),
+    (1, stride, stride, 1),
+    ((0, 0), (pad, pad), (pad, pad), (0, 0)),
+  )
+
+
+def xla_gelu(x: jax.Array) -> jax.Array:
+  return jax.nn.gelu(x, approximate=False)
+
+
+def xla_dropout(
+  x: jax.Array, rate: float, key: jax.Array, rows: jax.Array | None = None, num_rows: int = 0
+) -> jax.Array:
+  """Inverted dropout with a threefry Bernoulli mask (nn.Dropout's); no sliced masks."""
+  if rows is not None:
+    raise ValueError("the xla kernels draw whole-batch dropout masks; they do not slice attention")
+  if rate == 0.0:
+    return x
+  if rate >= 1.0:
+    return jnp.zeros_like(x)
+  keep_prob = 1.0 - rate
+  keep = jax.random.bernoulli(key, keep_prob, x.shape)
+  return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros((), x.dtype))
+
+
+XLA = Kernels(
+  name="xla",
+  einsum=xla_einsum,
+  dot_general=xla_dot_general,
+  conv_general_dilated=jax.lax.conv_general_dilated,
+  taps_conv=xla_taps_conv,
+  max_pool=xla_max_pool,
+  gelu=xla_gelu,
+  dropout=xla_dropout,
+)
+
+# Training attention on CPU runs over slices of the batch whose attention matrices take at
+# most this many bytes each, so logits and probabilities stay in cache from forward to backward.
+CPU_ATTENTION_CHUNK_BYTES = 3 * 2**20
+
+CPU = Kernels(
+  name="cpu",
+  einsum=matmul.einsum,
+  dot_general=matmul.dot_general,
+  conv_general_dilated=conv.conv_general_dilated,
+  taps_conv=cpu_taps_conv,
+  max_pool=conv.max_pool,
+  gelu=common.gelu,
+  dropout=common.dropout,
+  attention_chunk_bytes=CPU_ATTENTION_CHUNK_BYTES,
+)
+
+SETS = {"xla": XLA, "cpu": CPU}
+
+
+def resolve(choice: str, platform: str) -> str:
+  """ "auto" -> "cpu" on CPU devices, "xla" on every accelerator; "xla"/"cpu" stay."""
+  if choice not in CHOICES:
+    raise ValueError(f"config.kernels={choice!r} is unknown; choose one of {CHOICES}")
+  if choice == "auto":
+    return "cpu" if platform == "cpu" else "xla"
+  return choice
+
+
+def for_devices(choice: str, devices: Sequence[Any]) -> Kernels:
+  """The kernel set `choice` for a step that runs (data-parallel) on `devices`."""
+  platforms = {d.platform for d in devices}
+  if len(platforms) != 1:
+    raise ValueError(f"the mesh mixes device platforms {sorted(platforms)}; use one kind")
+  return for_platform(choice, platforms.pop(), batch_shards=len(devices))
+
+
+def for_platform(choice: str, platform: str, batch_shards: int = 1) -> Kernels:
+  """The kernel set `choice` for `platform` ("cpu", "cuda", "rocm", "tpu", "gpu")."""
+  kernels = SETS[resolve(choice, platform)]
+  return dataclasses.replace(kernels, batch_shards=max(1, batch_shards))
