@@ -10,7 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 MODES = ("vit", "agent", "joint", "shared", "cnn")
-AGENT_STEMS = ("res_like", "patch", "small")
+AGENT_STEMS = ("res_like", "patch", "small", "small_full")
 TAPS = ("official", "centered")
 INITS = ("official", "standard")
 # Attention initialisers applied on top of the standard scheme (ViT only).
@@ -100,7 +100,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.cnn.name = "resnet50"
 
   c.agent = ml_collections.ConfigDict()
-  c.agent.stem = "res_like"  # "res_like" | "patch" | "small" (32-px images)
+  c.agent.stem = "res_like"  # "res_like" | "patch" | "small" / "small_full" (32-px images)
   c.agent.stem_channels = 64
   c.agent.pre_norm = True
   c.agent.downsample_after = (0, 1)
@@ -180,7 +180,9 @@ def set_agent_stem(c: ml_collections.ConfigDict, stem: str) -> None:
   """`stem` is the paper's agent kind: "base" (patch stem) or "res_like"."""
   stem = {"base": "patch"}.get(stem, stem)
   if stem not in AGENT_STEMS:
-    raise ValueError(f"agent={stem!r} is unknown; choose 'base', 'res_like' or 'small'")
+    raise ValueError(
+      f"agent={stem!r} is unknown; choose 'base', 'res_like', 'small' or 'small_full'"
+    )
   c.agent.stem = stem
   if stem == "patch":
     c.agent.downsample_after = ()

@@ -100,7 +100,9 @@ def _inits(init: str) -> dict[str, Any]:
 
 
 class Stem(nn.Module):
-  """Input projection: "res_like" (224 -> 28x28), "patch" (like the ViT), "small" (32 px -> 16)."""
+  """Input projection: "res_like" (224 -> 28x28), "patch" (like the ViT), "small" (32 px -> 16),
+  "small_full" (32 px -> 32: the first blocks at twice a 16x16 token grid, as res_like's 56 vs 14).
+  """
 
   kind: str
   embed_dim: int
@@ -130,12 +132,14 @@ class Stem(nn.Module):
       )(x)
     if self.kind == "res_like":
       k1, s1, p1 = 7, 2, 3
-    elif self.kind == "small":
+    elif self.kind in ("small", "small_full"):
       k1, s1, p1 = 3, 1, 1
     else:
       raise ValueError(
-        f"config.agent.stem={self.kind!r} is unknown; choose 'res_like', 'patch' or 'small'"
+        f"config.agent.stem={self.kind!r} is unknown; choose 'res_like', 'patch', 'small' or "
+        "'small_full'"
       )
+    s2 = 1 if self.kind == "small_full" else 2
     x = nn.Conv(
       self.channels,
       (k1, k1),
@@ -160,7 +164,7 @@ class Stem(nn.Module):
     return nn.Conv(
       self.embed_dim,
       (3, 3),
-      strides=(2, 2),
+      strides=(s2, s2),
       padding=((1, 1), (1, 1)),
       kernel_init=common.xavier_uniform,
       bias_init=inits["stem_bias"],

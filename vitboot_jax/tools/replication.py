@@ -4,17 +4,18 @@ r"""CPU-scale replication of the paper's claim: every method on the same small C
     --seeds=0,1 --run                       # or: bash launch/cpu_replication.sh ROOT EPOCHS SEEDS
   python -m vitboot_jax.tools.replication --root=workdirs/cpu_replication   # commands + table
 
-Setting (configs/quickstart.py): the 32-px CIFAR-10 image folder (--data_dir), 10% of the
-training set per class (5,000 images), the full test set, the quickstart ViT (144-d, 6 layers,
-9 heads, patch 4 -> 8x8 tokens) and agent, batch 64, AdamW lr 1e-3, cosine; the same epochs,
-seeds and flags for every row. What differs between rows is the method only, plus what a mode
-sets by itself in `configlib.set_mode` (the official per-mode values): the loss weights,
-gradient clipping 0.1 of the ViT-alone worker, and MLP dropout 0.1 of the standalone and joint
-agent (the official joint configs load the standalone agent config).
+Setting (configs/quickstart.py; --config=configs/cifar10_tokens16.py for 16x16 tokens): the 32-px
+CIFAR-10 image folder (--data_dir), 10% of the training set per class (5,000 images), the full test
+set, the quickstart ViT (144-d, 6 layers, 9 heads, patch 4 -> 8x8 tokens) and agent, batch 64, AdamW
+lr 1e-3, cosine; the same epochs, seeds and flags for every row. What differs between rows is the
+method only, plus what a mode sets by itself in `configlib.set_mode` (the official per-mode values):
+the loss weights, gradient clipping 0.1 of the ViT-alone worker, and MLP dropout 0.1 of the
+standalone and joint agent (the official joint configs load the standalone agent config).
 
 Rows (ROWS below): ViT alone, agent alone, joint, shared with Align (PCGrad, the paper's
 Algorithm 1), shared without Align (summed gradients, as the official code), ViT + DrLoc, ViT
-with impulse init, ViT with mimetic init, shared + DrLoc (on the ViT, with Align).
+with impulse init, ViT with mimetic init, shared + DrLoc (on the ViT, with Align), and Table 4's
+loss ablation in joint mode (KD only, feature term only, both without decay).
   * DrLoc lambda = 0.1 (DRLOC_LAMBDA): the DrLoc paper's value for T2T and CvT, whose 7x7 grid
     is the size of our unpooled 8x8 one (its ViT-B/16 value 0.01 is for a 768-d, 12-layer
     model whose 14x14 grid it pools); the l1 variant with unnormalised offsets, as its code.
@@ -76,6 +77,7 @@ class Row:
   models: tuple[str, ...] = ("vit",)  # Whose final top-1 the row reports.
 
 
+_PAIR = ("vit", "agent")
 ROWS: tuple[Row, ...] = (
   Row("vit", "ViT alone", "mode=vit"),
   Row("agent", "agent alone", "mode=agent", models=("agent",)),
@@ -104,6 +106,15 @@ ROWS: tuple[Row, ...] = (
     ("--config.align=pcgrad",),
     ("vit", "agent"),
   ),
+  # Table 4's loss ablation in joint mode ("both" is the joint row).
+  Row("joint_kd_only", "joint, KD only (no feature term)", "mode=joint,feature=0", models=_PAIR),
+  Row("joint_feature_only", "joint, feature term only (no KD)", "mode=joint,kd=0", models=_PAIR),
+  Row(
+    "joint_no_decay",
+    "joint, both terms, constant feature weight (No Decay)",
+    "mode=joint,decay=none",
+    models=_PAIR,
+  ),
 )
 ROWS_BY_NAME = {row.name: row for row in ROWS}
 
@@ -129,13 +140,14 @@ def command(
   epochs: int,
   data_dir: str,
   extra: Sequence[str] = (),
+  config: str = CONFIG,
 ) -> list[str]:
   """The training command of (row, seed); run it from the repository root."""
   return [
     sys.executable,
     "-m",
     "vitboot_jax.main",
-    f"--config={CONFIG}:{row.args},epochs={epochs}",
+    f"--config={config}:{row.args},epochs={epochs}",
     f"--workdir={workdir(root, row, seed)}",
     f"--config.seed={seed}",
     f"--config.data.dir={data_dir}",
@@ -168,7 +180,11 @@ def spread(values: Sequence[float]) -> dict[str, Any] | None:
 
 
 def aggregate(
-  root: str | pathlib.Path, rows: Sequence[Row], seeds: Sequence[int], epochs: int
+  root: str | pathlib.Path,
+  rows: Sequence[Row],
+  seeds: Sequence[int],
+  epochs: int,
+  config: str = CONFIG,
 ) -> list[dict[str, Any]]:
   """Per row: status and the statistics of the finished seeds' final.json (top-1 in %)."""
   out = []
@@ -194,7 +210,7 @@ def aggregate(
     entry = {
       "name": row.name,
       "description": row.description,
-      "config": f"{CONFIG}:{row.args},epochs={epochs}",
+      "config": f"{config}:{row.args},epochs={epochs}",
       "overrides": list(row.overrides),
       "status": status,
       "seeds_done": sorted(finals),
@@ -285,15 +301,18 @@ def build_report(
   epochs: int,
   data_dir: str,
   extra: Sequence[str] = (),
+  config: str = CONFIG,
 ) -> dict[str, Any]:
   """The content of table.json: the rows' statistics and the run's settings."""
-  entries = aggregate(root, rows, seeds, epochs)
+  entries = aggregate(root, rows, seeds, epochs, config)
   for entry, row in zip(entries, rows):
     entry["models"] = list(row.models)
     entry["commands"] = [
-      shlex.join(["python", *command(row, root, s, epochs, data_dir, extra)[1:]]) for s in seeds
+      shlex.join(["python", *command(row, root, s, epochs, data_dir, extra, config)[1:]])
+      for s in seeds
     ]
   return {
+    "config": config,
     "epochs": epochs,
     "seeds": list(seeds),
     "data_dir": data_dir,
@@ -342,6 +361,7 @@ def run_missing(
   epochs: int,
   data_dir: str,
   extra: Sequence[str] = (),
+  config: str = CONFIG,
 ) -> list[str]:
   """Trains every (row, seed) without a final.json, seed by seed; returns the failed workdirs."""
   failed = []
@@ -351,10 +371,10 @@ def run_missing(
       if (wd / "final.json").exists():
         print(f"done already: {wd}", flush=True)
         continue
-      cmd = command(row, root, seed, epochs, data_dir, extra)
+      cmd = command(row, root, seed, epochs, data_dir, extra, config)
       print(f"running: {shlex.join(['python', *cmd[1:]])}", flush=True)
       start = time.perf_counter()
-      result = subprocess.run(cmd, cwd=REPO if (REPO / CONFIG).exists() else None, check=False)
+      result = subprocess.run(cmd, cwd=REPO if (REPO / config).exists() else None, check=False)
       minutes = (time.perf_counter() - start) / 60
       if result.returncode:
         print(f"FAILED ({result.returncode}) after {minutes:.1f} min: {wd}", flush=True)
@@ -368,6 +388,7 @@ _ROOT = None
 _DATA_DIR = None
 _EPOCHS = None
 _SEEDS = None
+_CONFIG = None
 _ROWS = None
 _RUN = None
 _OVERRIDES = None
@@ -376,7 +397,10 @@ _OVERRIDES = None
 def define_flags() -> None:
   """Defines this tool's flags; called only when it runs as a program, so several tools can be
   imported into one process (tests) without their flag names colliding."""
-  global _ROOT, _DATA_DIR, _EPOCHS, _SEEDS, _ROWS, _RUN, _OVERRIDES
+  global _ROOT, _CONFIG, _DATA_DIR, _EPOCHS, _SEEDS, _ROWS, _RUN, _OVERRIDES
+  _CONFIG = flags.DEFINE_string(
+    "config", CONFIG, "Config file of every row (relative to the repository root)."
+  )
   _ROOT = flags.DEFINE_string("root", None, "Parent directory of the runs' workdirs and the table.")
   _DATA_DIR = flags.DEFINE_string(
     "data_dir", DEFAULT_DATA_DIR, "CIFAR-10 image folder (train/, test/); relative: to the cwd."
@@ -406,17 +430,17 @@ def main(argv):
   failed = []
   if _RUN.value:
     start = time.perf_counter()
-    failed = run_missing(root, rows, seeds, _EPOCHS.value, data_dir, extra)
+    failed = run_missing(root, rows, seeds, _EPOCHS.value, data_dir, extra, _CONFIG.value)
     print(f"replication: {(time.perf_counter() - start) / 60:.1f} min wall time", flush=True)
   else:
     print(f"# Commands (run from {REPO}):")
     for seed in seeds:
       for row in rows:
-        cmd = command(row, root, seed, _EPOCHS.value, data_dir, extra)
+        cmd = command(row, root, seed, _EPOCHS.value, data_dir, extra, _CONFIG.value)
         print(shlex.join(["python", *cmd[1:]]))
     print()
   # The table and the figure always cover every row: --rows only limits what runs now.
-  report = build_report(root, ROWS, seeds, _EPOCHS.value, data_dir, extra)
+  report = build_report(root, ROWS, seeds, _EPOCHS.value, data_dir, extra, _CONFIG.value)
   if root.exists():
     curves = plot_curves(root, ROWS, seeds[0])
     report["curves"] = str(curves) if curves else None
