@@ -79,6 +79,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.train_fraction = 1.0  # Per-class fraction of the training set (the paper's subsets).
   c.data.augment = "cifar"  # "cifar" | "imagenet" | "none"
   c.data.normalisation = "cifar100"  # A key of NORMALISATION.
+  # > 0: every stored image is this size square (CIFAR: 32); below image_size the host ships it
+  # as uint8 and the steps resize and normalise on the device. 0: resize on the host.
+  c.data.stored_size = 0
   c.data.shuffle_buffer = 50_000
   c.data.cache = True  # Cache decoded training images in memory (small datasets).
   c.data.eval_batch_size = 256
@@ -255,7 +258,7 @@ def set_dataset(c: ml_collections.ConfigDict, dataset: str, subset: float = 0.1)
   imagenet2012, per-class `subset` of the training set, full validation set)."""
   if dataset in ("cifar10", "cifar100"):
     c.data.update(name=dataset, num_classes=10 if dataset == "cifar10" else 100)
-    c.data.normalisation = dataset
+    c.data.update(normalisation=dataset, stored_size=32)
   elif dataset == "imagenet":
     c.data.update(name="imagenet2012", eval_split="validation", num_classes=1000)
     c.data.update(augment="imagenet", normalisation="imagenet", train_fraction=subset)

@@ -17,12 +17,18 @@ import numpy as np
 from vitboot_jax.models.build import ModelSet
 
 
-def make_eval_step(models: ModelSet) -> Callable[[Any, Any, dict[str, jax.Array]], dict]:
-  """`eval_step(params, batch_stats, batch) -> {name: {"top1", "top5", "ce"} sums, "count"}`."""
+def make_eval_step(
+  models: ModelSet, prepare: Callable[[jax.Array], jax.Array] | None = None
+) -> Callable[[Any, Any, dict[str, jax.Array]], dict]:
+  """`eval_step(params, batch_stats, batch) -> {name: {"top1", "top5", "ce"} sums, "count"}`.
+
+  `prepare` (device_preprocess.make_prepare) finishes uint8 images on the device.
+  """
 
   def eval_step(params, batch_stats, batch):
     variables = {"params": params, "batch_stats": batch_stats}
-    outputs, _ = models.apply(variables, batch["image"], train=False)
+    images = batch["image"] if prepare is None else prepare(batch["image"])
+    outputs, _ = models.apply(variables, images, train=False)
     mask = batch["mask"].astype(jnp.float32)
     labels = batch["label"]
     sums = {"count": jnp.sum(mask)}

@@ -465,7 +465,9 @@ def train_batches(
   process_index: int | None = None,
   process_count: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-  """{"image": float32 [B, S, S, 3], "label": int32 [B]}, B = batch_size // process_count.
+  """{"image": float32 [B, S, S, 3], "label": int32 [B]}, B = batch_size // process_count;
+  the image is uint8 [B, s, s, 3] at the stored size s when the steps resize on the device
+  (preprocess.device_resize_from).
 
   With start_step=k, yields exactly what an uninterrupted run yields from step k on.
   """
@@ -500,8 +502,9 @@ def eval_dataset(
   def prepare(ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     return {"image": eval_fn(ex["image"]), "label": ex["label"], "mask": tf.constant(1.0)}
 
+  stored = preprocess.device_resize_from(config)
   padding = {
-    "image": tf.zeros([size, size, 3], tf.float32),
+    "image": tf.zeros([stored, stored, 3], tf.uint8) if stored else tf.zeros([size, size, 3]),
     "label": tf.constant(0, tf.int32),
     "mask": tf.constant(0.0, tf.float32),
   }

@@ -26,7 +26,7 @@ import ml_collections
 import optax
 
 from vitboot_jax import align as align_lib
-from vitboot_jax import losses, optim
+from vitboot_jax import device_preprocess, losses, optim
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
 
@@ -130,6 +130,7 @@ def make_train_step(
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
   """Returns the pure `train_step(state, batch) -> (state, metrics)`; jit it with donation."""
   names = models.names
+  prepare = device_preprocess.make_prepare(config)
 
   def direction(params, batch_stats, batch, rng, weight):
     """The update direction of the mode at `params`, the new BatchNorm stats and metrics."""
@@ -157,6 +158,7 @@ def make_train_step(
     return grad, new_stats, metrics
 
   def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+    batch = {**batch, "image": prepare(batch["image"])}  # Uint8 crops: resized on the device.
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     weight = losses.feature_weight(
       state.step, steps_per_epoch, config.num_epochs, per=config.loss.feature_decay

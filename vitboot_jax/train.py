@@ -24,6 +24,7 @@ from etils import epath
 from vitboot_jax import (
   checkpoint,
   configlib,
+  device_preprocess,
   evaluate,
   init_from,
   input_pipeline,
@@ -211,7 +212,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     donate_argnums=0,
     out_shardings=(state_sharding, replicated),
   )
-  eval_step = jax.jit(evaluate.make_eval_step(models), out_shardings=replicated)
+  prepare = device_preprocess.make_prepare(config)
+  eval_step = jax.jit(evaluate.make_eval_step(models, prepare), out_shardings=replicated)
 
   eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches decoded images.
 

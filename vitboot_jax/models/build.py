@@ -293,7 +293,7 @@ def build_models(
   if kernels is None and platform is not None:
     kernels = kernels_lib.for_platform(choice, platform)
   elif kernels is None:
-    kernels = kernels_lib.for_devices(choice, list(devices or jax.devices()))
+    kernels = kernels_lib.for_devices(choice, list(jax.devices() if devices is None else devices))
   dtype = jnp.dtype(config.get("compute_dtype", "float32"))
   mode = config.mode
   modules: dict[str, nn.Module] = {}

@@ -170,6 +170,7 @@ def resolve(choice: str, platform: str) -> str:
 
 def for_devices(choice: str, devices: Sequence[Any]) -> Kernels:
   """The kernel set `choice` for a step that runs (data-parallel) on `devices`."""
+  devices = list(devices)
   platforms = {d.platform for d in devices}
   if len(platforms) != 1:
     raise ValueError(f"the mesh mixes device platforms {sorted(platforms)}; use one kind")

@@ -8,7 +8,7 @@ models are built with `config.kernels` resolved for that platform ("auto": the x
 and tpu, the cpu set on cpu), and both steps are exported. One JSON line per (mode, platform,
 dtype): {"mode", "platform", "dtype", "kernels", "ok", "error", "convolutions", "dot_generals",
 "host_callbacks", "flops" (2 x MACs of one train step), "flops_per_image", "eval_flops_per_image",
-"batch", "image_shape"}; the op counts add up the train and the eval module.
+"batch", "image_shape" (as the host ships it)}; the op counts add up the train and the eval module.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from absl import app, flags
 from jax import export
 from ml_collections import config_flags
 
-from vitboot_jax import configlib, evaluate
+from vitboot_jax import configlib, device_preprocess, evaluate
 from vitboot_jax import steps as step_lib
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
@@ -80,13 +80,14 @@ def step_specs(config: ml_collections.ConfigDict, platform: str):
   init = functools.partial(create_state, models, tx, image_shape=image_shape)
   state = jax.eval_shape(init, jax.random.key(0))
   batch = config.batch_size
+  shipped, dtype = device_preprocess.shipped_image(config)  # As the host pipeline delivers.
   train_batch = {
-    "image": jax.ShapeDtypeStruct((batch, *image_shape), jnp.float32),
+    "image": jax.ShapeDtypeStruct((batch, *shipped), dtype),
     "label": jax.ShapeDtypeStruct((batch,), jnp.int32),
   }
   eval_batch = {**train_batch, "mask": jax.ShapeDtypeStruct((batch,), jnp.float32)}
   train_step = step_lib.make_train_step(config, models, tx, schedule, _STEPS_PER_EPOCH)
-  eval_step = evaluate.make_eval_step(models)
+  eval_step = evaluate.make_eval_step(models, device_preprocess.make_prepare(config))
   return models, train_step, eval_step, state, train_batch, eval_batch
 
 

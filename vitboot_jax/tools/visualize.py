@@ -34,7 +34,7 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from vitboot_jax import checkpoint, configlib, input_pipeline, preprocess, steps
+from vitboot_jax import checkpoint, configlib, device_preprocess, input_pipeline, preprocess, steps
 from vitboot_jax.models.attention_init import attention_maps
 from vitboot_jax.models.build import ModelSet, build_models
 from vitboot_jax.models.entmax import entmax_bisect
@@ -189,7 +189,7 @@ def load_images(
   if image_files:
     eval_fn = preprocess.make_eval_fn(config)
     images = [eval_fn(preprocess.decode(tf.io.read_file(path))).numpy() for path in image_files]
-    return np.stack(images).astype(np.float32), list(image_files)
+    return _finish(config, np.stack(images)), list(image_files)
   if num_images < 1:
     raise ValueError(f"--num_images={num_images} must be at least 1")
   images = []
@@ -201,7 +201,13 @@ def load_images(
     raise ValueError(f"config.data.eval_split={config.data.eval_split!r} has no images")
   split = config.data.eval_split
   names = [f"{split}[{i}]" for i in range(min(num_images, len(images)))]
-  return np.stack(images[:num_images]).astype(np.float32), names
+  return _finish(config, np.stack(images[:num_images])), names
+
+
+def _finish(config: ml_collections.ConfigDict, images: np.ndarray) -> np.ndarray:
+  """Pipeline output -> model input (uint8 stored-size images are resized as the steps do)."""
+  prepared = device_preprocess.make_prepare(config)(jnp.asarray(images))
+  return np.asarray(prepared, np.float32)
 
 
 def denormalise(config: ml_collections.ConfigDict, images: np.ndarray) -> np.ndarray:

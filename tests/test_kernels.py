@@ -1,0 +1,74 @@
+"""The kernel seam: which set a mesh gets, and the xla set's plain ops."""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vitboot_jax import configlib
+from vitboot_jax.models import kernels as kernels_lib
+from vitboot_jax.models.build import build_models
+
+MODELS = pathlib.Path(kernels_lib.__file__).parent
+
+
+def test_auto_follows_the_devices_and_explicit_choices_win():
+  devices = jax.devices()
+  assert devices[0].platform == "cpu"
+  auto = kernels_lib.for_devices("auto", devices)
+  assert auto.name == "cpu" and auto.batch_shards == len(devices) == 8
+  assert kernels_lib.for_devices("xla", devices).name == "xla"
+  for platform in ("cuda", "rocm", "gpu", "tpu"):
+    assert kernels_lib.for_platform("auto", platform).name == "xla"
+  assert kernels_lib.for_platform("cpu", "tpu").name == "cpu"
+  with pytest.raises(ValueError, match="config.kernels='fast' is unknown"):
+    kernels_lib.for_platform("fast", "cpu")
+
+
+def test_builder_resolves_config_kernels():
+  config = configlib.base_config()
+  assert config.kernels == "auto"
+  assert build_models(config).kernels.name == "cpu"
+  assert build_models(config, platform="tpu").kernels.name == "xla"
+  config.kernels = "xla"
+  models = build_models(config)
+  assert models.kernels.name == "xla"
+  assert models.vit.kernels is models.agent.kernels
+  config.kernels = "gpu"
+  with pytest.raises(ValueError, match="config.kernels='gpu' is unknown"):
+    build_models(config)
+
+
+def test_model_code_has_no_backend_logic():
+  for path in MODELS.glob("*.py"):
+    text = path.read_text()
+    for name in ("default_backend", "device_count", "local_device_count"):
+      assert name not in text, f"{path.name} uses jax.{name}"
+
+
+def test_xla_bf16_products_sum_in_float32_with_jax_derivatives():
+  a = jax.random.normal(jax.random.key(0), (4, 64)).astype(jnp.bfloat16)
+  b = jax.random.normal(jax.random.key(1), (64, 8)).astype(jnp.bfloat16)
+  out = kernels_lib.xla_einsum("ik,kj->ij", a, b)
+  assert out.dtype == jnp.bfloat16
+  exact = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  np.testing.assert_allclose(np.asarray(out, np.float32), exact, rtol=2**-7, atol=1e-2)
+  dense = kernels_lib.xla_dot_general(a, b, (((1,), (0,)), ((), ())))
+  np.testing.assert_array_equal(np.asarray(dense), np.asarray(out))
+  loss = lambda a, b: kernels_lib.xla_einsum("ik,kj->ij", a, b).astype(jnp.float32).sum()
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss, (0, 1)))(a, b))
+  assert "custom_vjp" not in jaxpr and "preferred_element_type=float32" in jaxpr
+  grads = jax.grad(loss, (0, 1))(a, b)
+  assert grads[0].dtype == jnp.bfloat16 and grads[1].dtype == jnp.bfloat16
+
+
+def test_xla_dropout_keeps_the_expectation():
+  x = jnp.ones((1000, 100))
+  y = kernels_lib.xla_dropout(x, 0.25, jax.random.key(0))
+  kept = np.asarray(y) > 0
+  assert abs(kept.mean() - 0.75) < 0.01
+  np.testing.assert_allclose(np.asarray(y)[kept], 1 / 0.75, rtol=1e-6)
+  with pytest.raises(ValueError, match="whole-batch"):
+    kernels_lib.xla_dropout(x, 0.25, jax.random.key(0), rows=jnp.arange(1000), num_rows=1000)
