@@ -189,10 +189,12 @@ def compile_mode_step(
   batch: int,
   dtype: str | None = None,
   kernels: Kernels | None = None,
+  compiler_options: dict[str, Any] | None = None,
 ) -> CompiledStep:
   """Builds, initialises and jits one mode's step as train.py does, on a synthetic batch.
 
-  `kernels` replaces the set `config.kernels` resolves to on the mesh (kernel A/Bs).
+  `kernels` replaces the set `config.kernels` resolves to on the mesh (kernel A/Bs);
+  `compiler_options` are XLA debug options for this one compilation (compiler-flag A/Bs).
   """
   config = mode_config(config, mode, batch, dtype)
   models = build_models(config, mesh.devices.flat, kernels=kernels)
@@ -209,7 +211,7 @@ def compile_mode_step(
   macs = costs.count_macs(_xla_train_step(config, tx, schedule), state, data)
   jitted = jax.jit(train_step, donate_argnums=0, out_shardings=(state_sharding, replicated))
   start = time.perf_counter()
-  compiled = jitted.lower(state, data).compile()
+  compiled = jitted.lower(state, data).compile(compiler_options=compiler_options)
   compile_s = time.perf_counter() - start
   return CompiledStep(config, compiled, state, data, macs, compile_s)
 
