@@ -7,6 +7,8 @@ Switches (SWITCHES), each a change of the kernel record (models/kernels.py) of t
 `kernels`, the cpu set against the xla set (the `config.kernels` flip); `attention_chunks`,
 training attention in rematerialised batch slices against the whole-batch attention (cpu set);
 `erf_gelu`, GELU written with erf (models/common.py) against jax's erfc form (cpu set);
+`bf16_matmuls`, the cpu set with float32 operands of its einsums and Dense layers rounded to
+bfloat16 (float32 sums; models/matmul.py `bf16_einsum`) against the plain cpu set;
 `xla_options`, the step compiled with the XLA options of `--xla_options name=value,...`
 against the default compilation (same kernels).
 
@@ -35,6 +37,7 @@ from ml_collections import config_flags
 
 from vitboot_jax import sharding
 from vitboot_jax.models import kernels as kernels_lib
+from vitboot_jax.models import matmul
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.kernels import Kernels
 from vitboot_jax.tools import benchmark
@@ -52,6 +55,10 @@ SWITCHES: dict[str, tuple[Callable[[Kernels], Kernels], Callable[[Kernels], Kern
   "kernels": (_set("cpu"), _set("xla")),
   "attention_chunks": (_set("cpu"), _set("cpu", attention_chunk_bytes=0)),
   "erf_gelu": (_set("cpu"), _set("cpu", gelu=kernels_lib.xla_gelu)),
+  "bf16_matmuls": (
+    _set("cpu", einsum=matmul.bf16_einsum, dot_general=matmul.bf16_dot_general),
+    _set("cpu"),
+  ),
   "xla_options": (lambda resolved: resolved, lambda resolved: resolved),
 }
 
