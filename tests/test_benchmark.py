@@ -111,3 +111,57 @@ def test_kernel_ab_flips_the_kernel_set_and_rejects_unknown_switches():
   assert row["switch"] == "kernels" and row["speedup"] > 0
   with pytest.raises(ValueError, match="--switch='nope' is unknown"):
     kernel_ab.run(load_config("tiny_test"), switch="nope", batch=8, steps=1, warmup=0, modes=[])
+
+
+def test_benchmark_times_the_whole_loop_and_a_full_evaluation(image_folder):
+  config = load_config("tiny_test", "mode=vit")
+  config.data.dir = str(image_folder)
+  printed = []
+  lines = benchmark.run(
+    config,
+    batch=16,
+    steps=1,
+    warmup=0,
+    modes=("vit",),
+    peak_size=128,
+    loop_steps=3,
+    eval_split=True,
+    emit=printed.append,
+  )
+  row = lines[1]
+  assert json.loads(printed[1]) == row
+  assert row["loop_steps"] == 3 and row["loop_step_s"] > 0
+  assert 0 < row["loop_data_s"] < row["loop_step_s"]  # Waiting for data is part of the loop.
+  assert row["eval_images"] == 40  # Every test image once (10 classes x 4), padding masked out.
+  assert row["eval_batch"] == config.data.eval_batch_size
+  assert row["eval_img_per_s"] == 40 / row["eval_s"] and row["eval_s_first"] > 0
+  assert row["eval_forward_img_per_s"] > 0
+
+
+def test_kernel_ab_compiles_the_new_variant_with_xla_options():
+  from vitboot_jax.tools import kernel_ab
+
+  options = kernel_ab.parse_options(["xla_cpu_prefer_vector_width=256", "xla_cpu_use_xnnpack=true"])
+  assert options == {"xla_cpu_prefer_vector_width": 256, "xla_cpu_use_xnnpack": True}
+  (row,) = kernel_ab.run(
+    load_config("tiny_test"),
+    switch="xla_options",
+    batch=8,
+    steps=1,
+    warmup=0,
+    modes=["vit"],
+    xla_options=options,
+  )
+  assert row["xla_options"] == options and row["speedup"] > 0
+  with pytest.raises(ValueError, match="goes with --switch=xla_options"):
+    kernel_ab.run(
+      load_config("tiny_test"),
+      switch="kernels",
+      batch=8,
+      steps=1,
+      warmup=0,
+      modes=[],
+      xla_options=options,
+    )
+  with pytest.raises(ValueError, match="is not name=value"):
+    kernel_ab.parse_options(["xla_cpu_use_xnnpack"])

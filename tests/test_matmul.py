@@ -87,3 +87,43 @@ def test_flax_dense_hook(dtype):
   assert got.dtype == want.dtype
   tol = 0 if dtype == jnp.float32 else 1e-2
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tol)
+
+
+@pytest.mark.parametrize("subscripts", SUBSCRIPTS)
+def test_bf16_einsum_rounds_float32_operands_and_keeps_float32_results(subscripts):
+  a, b = _operands(subscripts)
+  out = matmul.bf16_einsum(subscripts, a, b)
+  assert out.dtype == jnp.float32
+  half = lambda t: t.astype(jnp.bfloat16).astype(jnp.float32)
+  np.testing.assert_allclose(out, jnp.einsum(subscripts, half(a), half(b)), rtol=1e-5, atol=1e-5)
+  assert np.abs(out - jnp.einsum(subscripts, a, b)).max() > 0  # The operands really were rounded.
+
+  loss = lambda f: lambda a, b: (f(subscripts, a, b) ** 2).sum()
+  grads = jax.grad(loss(matmul.bf16_einsum), (0, 1))(a, b)
+  exact = jax.grad(loss(jnp.einsum), (0, 1))(a, b)
+  for g, r in zip(grads, exact):
+    assert g.dtype == jnp.float32
+    np.testing.assert_allclose(g, r, rtol=0.03, atol=0.03 * np.abs(r).max())
+  jaxpr = jax.make_jaxpr(jax.grad(loss(matmul.bf16_einsum), (0, 1)))(a, b)
+  for dot in (e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "dot_general"):
+    assert {v.aval.dtype for v in dot.invars} == {jnp.dtype(jnp.bfloat16)}
+    assert dot.params["preferred_element_type"] == jnp.float32
+
+
+def test_bf16_dot_general_is_a_dense_hook():
+  x = jax.random.normal(jax.random.key(1), (2, 5, 8))
+  dense = nn.Dense(7, dot_general=matmul.bf16_dot_general)
+  params = dense.init(jax.random.key(0), x)
+  out = dense.apply(params, x)
+  assert out.dtype == jnp.float32
+  kernel = params["params"]["kernel"]
+  want = (
+    jnp.einsum(
+      "...k,kn->...n",
+      x.astype(jnp.bfloat16),
+      kernel.astype(jnp.bfloat16),
+      preferred_element_type=jnp.float32,
+    )
+    + params["params"]["bias"]
+  )
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

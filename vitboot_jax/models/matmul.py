@@ -73,6 +73,44 @@ def einsum(subscripts: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.A
   return _half_einsum(subscripts.replace(" ", ""), a, b, out_dtype)
 
 
+def bf16_einsum(subscripts: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.Array:
+  """`einsum` with float32 operands rounded to bfloat16 for the product (float32 sums and result).
+
+  The mixed policy: only the products run at the bf16 rate; everything around them (norms,
+  softmax, GELU, the optimiser) stays float32. Other dtypes and contractions go to `einsum`.
+  """
+  in_dtype = jnp.result_type(a, b)
+  if in_dtype != jnp.float32 or not _transposable(subscripts):
+    return einsum(subscripts, a, b, out_dtype)
+  a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  return _half_einsum(subscripts.replace(" ", ""), a, b, jnp.dtype(out_dtype or in_dtype))
+
+
+def _dense_hook(product):
+  """flax's `dot_general=` hook whose Dense products x[..., K] @ w[K, N] go to `product`."""
+
+  def hook(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kw):
+    (contract_lhs, contract_rhs), (batch_lhs, batch_rhs) = dimension_numbers
+    dense = (
+      tuple(contract_lhs) == (lhs.ndim - 1,)
+      and tuple(contract_rhs) == (0,)
+      and rhs.ndim == 2
+      and not batch_lhs
+      and not batch_rhs
+      and precision is None
+      and preferred_element_type is None
+      and not kw
+    )
+    if dense:
+      return product("...k,kn->...n", lhs, rhs)
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, **kw)
+
+  return hook
+
+
+bf16_dot_general = _dense_hook(bf16_einsum)
+
+
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kw):
   """flax's `dot_general=` hook: a Dense layer's x[..., K] @ w[K, N] under the contract.
 

@@ -19,6 +19,14 @@ Output, one JSON object per line:
      xla_flops_per_step is XLA's cost analysis (null if absent). peak_mem_bytes is
      argument + output - alias + temp of XLA's memory analysis (per device; raw fields in
      "mem_bytes"), null if absent. step_s is the median; step_s_min/max show the spread.
+     With --loop_steps N (real data from config.data): "loop_step_s", the wall time per step
+     of the whole training loop as train.py runs it (next batch from
+     input_pipeline.train_batches, transfer to the mesh, the step, the metrics fetched every
+     config.log_every_steps), and "loop_data_s", the part of it spent waiting for batches.
+     With --eval: "eval_img_per_s", a full evaluation of config.data.eval_split as train.py
+     runs it (input_pipeline.eval_dataset, evaluate.evaluate; first pass decodes, the second
+     reads the cache: both reported), and "eval_forward_img_per_s", the eval step alone on a
+     synthetic batch of data.eval_batch_size.
   3. {"summary": ...}: shared/ViT step-time and MACs ratios and the Align overhead (%).
 """
 
@@ -39,7 +47,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import configlib, sharding
+from vitboot_jax import configlib, evaluate, input_pipeline, sharding
 from vitboot_jax import steps as step_lib
 from vitboot_jax.models import costs, matmul
 from vitboot_jax.models.build import build_models
@@ -166,6 +174,9 @@ class CompiledStep:
   data: dict[str, jax.Array]
   macs: int
   compile_s: float
+  jitted: Any = None  # The jitted step (any batch), for the loop over real data.
+  models: Any = None
+  mesh: Any = None
 
   def __call__(self) -> Any:
     """Runs one step on the synthetic batch (the state is donated and replaced)."""
@@ -189,10 +200,12 @@ def compile_mode_step(
   batch: int,
   dtype: str | None = None,
   kernels: Kernels | None = None,
+  compiler_options: dict[str, Any] | None = None,
 ) -> CompiledStep:
   """Builds, initialises and jits one mode's step as train.py does, on a synthetic batch.
 
-  `kernels` replaces the set `config.kernels` resolves to on the mesh (kernel A/Bs).
+  `kernels` replaces the set `config.kernels` resolves to on the mesh (kernel A/Bs);
+  `compiler_options` are XLA debug options for this one compilation (compiler-flag A/Bs).
   """
   config = mode_config(config, mode, batch, dtype)
   models = build_models(config, mesh.devices.flat, kernels=kernels)
@@ -209,9 +222,63 @@ def compile_mode_step(
   macs = costs.count_macs(_xla_train_step(config, tx, schedule), state, data)
   jitted = jax.jit(train_step, donate_argnums=0, out_shardings=(state_sharding, replicated))
   start = time.perf_counter()
-  compiled = jitted.lower(state, data).compile()
+  compiled = jitted.lower(state, data).compile(compiler_options=compiler_options)
   compile_s = time.perf_counter() - start
-  return CompiledStep(config, compiled, state, data, macs, compile_s)
+  return CompiledStep(config, compiled, state, data, macs, compile_s, jitted, models, mesh)
+
+
+def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
+  """Per-step wall time of train.py's loop on real batches: data, transfer, step, logging."""
+  config = step.config
+  batches = input_pipeline.train_batches(config)
+  log_every = max(1, int(config.log_every_steps))
+  state = step.state
+  data_s = 0.0
+  start = 0.0
+  for i in range(warmup + steps):
+    if i == warmup:
+      jax.block_until_ready(state)
+      start, data_s = time.perf_counter(), 0.0
+    fetch = time.perf_counter()
+    batch = sharding.global_batch(next(batches), step.mesh)
+    data_s += time.perf_counter() - fetch
+    state, metrics = step.jitted(state, batch)
+    if (i + 1) % log_every == 0:
+      _ = {k: float(v) for k, v in jax.device_get(metrics).items()}  # As train.py logs.
+  jax.block_until_ready(state)
+  step.state = state
+  return {"loop_step_s": (time.perf_counter() - start) / steps, "loop_data_s": data_s / steps}
+
+
+def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
+  """A full evaluation of the eval split as train.py runs it (twice: decode, then cache)."""
+  config, mesh = step.config, step.mesh
+  eval_step = jax.jit(evaluate.make_eval_step(step.models), out_shardings=sharding.replicated(mesh))
+  params, stats = step.state.params, step.state.batch_stats
+  batch = int(config.data.eval_batch_size)
+  synthetic = synthetic_batch(config, batch, mesh)
+  synthetic["mask"] = sharding.global_batch({"mask": np.ones((batch,), np.float32)}, mesh)["mask"]
+  forward = statistics.median(
+    _time_calls(lambda: eval_step(params, stats, synthetic), forward_steps, warmup=1)
+  )
+  dataset = input_pipeline.eval_dataset(config)
+  passes = []
+  for _ in range(2):
+    start = time.perf_counter()
+    local = input_pipeline.numpy_batches(dataset, config, config.data.eval_split)
+    batches = (sharding.global_batch(b, mesh) for b in local)
+    result = evaluate.evaluate(eval_step, params, stats, batches)
+    passes.append((time.perf_counter() - start, result["eval/count"]))
+  (first_s, count), (cached_s, _) = passes
+  return {
+    "eval_images": count,
+    "eval_batch": batch,
+    "eval_s_first": first_s,
+    "eval_s": cached_s,
+    "eval_img_per_s": count / cached_s,
+    "eval_img_per_s_first": count / first_s,
+    "eval_forward_img_per_s": batch / forward,
+  }
 
 
 def benchmark_mode(
@@ -224,6 +291,8 @@ def benchmark_mode(
   warmup: int,
   peak_flops_per_s: float,
   dtype: str | None = None,
+  loop_steps: int = 0,
+  eval_split: bool = False,
 ) -> dict[str, Any]:
   """One mode's step: built, initialised and jitted as train.py does, then timed."""
   step = compile_mode_step(config, mode, mesh, batch=batch, dtype=dtype)
@@ -249,6 +318,10 @@ def benchmark_mode(
     "compute_dtype": step.config.compute_dtype,
     "devices": mesh.size,
   }
+  if loop_steps:
+    row.update(time_loop(step, loop_steps, warmup=max(warmup, 1)), loop_steps=loop_steps)
+  if eval_split:
+    row.update(time_eval(step))
   del step
   return row
 
@@ -281,6 +354,8 @@ def run(
   modes: Sequence[str] = ALL_MODES,
   dtype: str | None = None,
   peak_size: int = 0,
+  loop_steps: int = 0,
+  eval_split: bool = False,
   emit: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
   """Emits (and returns) the peak line, one line per mode and the summary line, as JSON."""
@@ -302,6 +377,8 @@ def run(
       warmup=warmup,
       peak_flops_per_s=peak["peak_matmul_flops_per_s"],
       dtype=dtype,
+      loop_steps=loop_steps,
+      eval_split=eval_split,
     )
     lines.append(rows[mode])
     emit(json.dumps(rows[mode]))
@@ -327,6 +404,12 @@ def define_flags() -> None:
   _FLAGS["peak_size"] = flags.DEFINE_integer(
     "peak_size", 0, "Side of the peak matmul; 0: 2048 on CPU, 8192 on accelerators."
   )
+  _FLAGS["loop_steps"] = flags.DEFINE_integer(
+    "loop_steps", 0, "Also time N steps of the whole loop on real data (loop_step_s); 0: off."
+  )
+  _FLAGS["eval"] = flags.DEFINE_bool(
+    "eval", False, "Also time a full evaluation of config.data.eval_split (eval_img_per_s)."
+  )
   flags.mark_flag_as_required("config")
 
 
@@ -342,6 +425,8 @@ def main(argv: Sequence[str]) -> None:
     modes=[m.strip() for m in value["modes"] if m.strip()],
     dtype=value["dtype"],
     peak_size=value["peak_size"],
+    loop_steps=value["loop_steps"],
+    eval_split=value["eval"],
     emit=functools.partial(print, flush=True),
   )
 

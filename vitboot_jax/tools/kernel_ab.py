@@ -6,7 +6,11 @@ r"""A/B of one kernel choice of the models: the train step with the new and the 
 Switches (SWITCHES), each a change of the kernel record (models/kernels.py) of the mesh:
 `kernels`, the cpu set against the xla set (the `config.kernels` flip); `attention_chunks`,
 training attention in rematerialised batch slices against the whole-batch attention (cpu set);
-`erf_gelu`, GELU written with erf (models/common.py) against jax's erfc form (cpu set).
+`erf_gelu`, GELU written with erf (models/common.py) against jax's erfc form (cpu set);
+`bf16_matmuls`, the cpu set with float32 operands of its einsums and Dense layers rounded to
+bfloat16 (float32 sums; models/matmul.py `bf16_einsum`) against the plain cpu set;
+`xla_options`, the step compiled with the XLA options of `--xla_options name=value,...`
+against the default compilation (same kernels).
 
 Both variants of each mode are compiled as the benchmark compiles them
 (`benchmark.compile_mode_step`) and timed alternately, step by step, in one process, so a noisy
@@ -33,6 +37,7 @@ from ml_collections import config_flags
 
 from vitboot_jax import sharding
 from vitboot_jax.models import kernels as kernels_lib
+from vitboot_jax.models import matmul
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.kernels import Kernels
 from vitboot_jax.tools import benchmark
@@ -50,13 +55,45 @@ SWITCHES: dict[str, tuple[Callable[[Kernels], Kernels], Callable[[Kernels], Kern
   "kernels": (_set("cpu"), _set("xla")),
   "attention_chunks": (_set("cpu"), _set("cpu", attention_chunk_bytes=0)),
   "erf_gelu": (_set("cpu"), _set("cpu", gelu=kernels_lib.xla_gelu)),
+  "bf16_matmuls": (
+    _set("cpu", einsum=matmul.bf16_einsum, dot_general=matmul.bf16_dot_general),
+    _set("cpu"),
+  ),
+  "xla_options": (lambda resolved: resolved, lambda resolved: resolved),
 }
 
 
-def _compile(config, mode: str, mesh, *, batch: int, dtype: str | None, switch: str, new: bool):
+def parse_options(items: Sequence[str]) -> dict[str, Any]:
+  """["name=value", ...] -> XLA debug options; "true"/"false" and integers are typed."""
+  options: dict[str, Any] = {}
+  for item in items:
+    name, sep, value = item.partition("=")
+    if not sep or not name.strip():
+      raise ValueError(f"--xla_options entry {item!r} is not name=value")
+    value = value.strip()
+    if value.lower() in ("true", "false"):
+      options[name.strip()] = value.lower() == "true"
+    elif value.lstrip("-").isdigit():
+      options[name.strip()] = int(value)
+    else:
+      options[name.strip()] = value
+  return options
+
+
+def _compile(
+  config, mode: str, mesh, *, batch: int, dtype: str | None, switch: str, new: bool, options
+):
   variant = SWITCHES[switch][0 if new else 1]
   kernels = variant(kernels_lib.for_devices("auto", mesh.devices.flat))
-  return benchmark.compile_mode_step(config, mode, mesh, batch=batch, dtype=dtype, kernels=kernels)
+  return benchmark.compile_mode_step(
+    config,
+    mode,
+    mesh,
+    batch=batch,
+    dtype=dtype,
+    kernels=kernels,
+    compiler_options=options if new and switch == "xla_options" else None,
+  )
 
 
 def compare_mode(
@@ -69,10 +106,20 @@ def compare_mode(
   steps: int,
   warmup: int,
   dtype: str | None = None,
+  xla_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
   """Median step times of the old and the new variant, timed alternately."""
   variants = {
-    name: _compile(config, mode, mesh, batch=batch, dtype=dtype, switch=switch, new=name == "new")
+    name: _compile(
+      config,
+      mode,
+      mesh,
+      batch=batch,
+      dtype=dtype,
+      switch=switch,
+      new=name == "new",
+      options=xla_options,
+    )
     for name in ("old", "new")
   }
   for step in variants.values():
@@ -96,6 +143,8 @@ def compare_mode(
     "compute_dtype": variants["old"].config.compute_dtype,
     "devices": mesh.size,
   }
+  if switch == "xla_options":
+    row["xla_options"] = xla_options
   if switch == "attention_chunks":
     model = variants["old"].config.model
     tokens = (config.image_size // model.patch_size) ** 2 + 1
@@ -114,10 +163,13 @@ def run(
   warmup: int,
   modes: Sequence[str],
   dtype: str | None = None,
+  xla_options: dict[str, Any] | None = None,
   emit: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
   if switch not in SWITCHES:
     raise ValueError(f"--switch={switch!r} is unknown; choose one of {sorted(SWITCHES)}")
+  if (switch == "xla_options") != bool(xla_options):
+    raise ValueError("--xla_options name=value,... goes with --switch=xla_options (and only it)")
   if steps < 1:
     raise ValueError(f"--steps={steps} must be at least 1")
   mesh = sharding.make_mesh()
@@ -127,7 +179,15 @@ def run(
       raise ValueError("--modes: the agent has no attention; choose modes with a ViT")
     rows.append(
       compare_mode(
-        config, mode, mesh, switch=switch, batch=batch, steps=steps, warmup=warmup, dtype=dtype
+        config,
+        mode,
+        mesh,
+        switch=switch,
+        batch=batch,
+        steps=steps,
+        warmup=warmup,
+        dtype=dtype,
+        xla_options=xla_options,
       )
     )
     emit(json.dumps(rows[-1]))
@@ -147,6 +207,9 @@ def define_flags() -> None:
   _FLAGS["dtype"] = flags.DEFINE_enum(
     "dtype", None, ["float32", "bfloat16"], "Sets config.compute_dtype."
   )
+  _FLAGS["xla_options"] = flags.DEFINE_list(
+    "xla_options", [], "XLA options name=value,... of the new variant (--switch=xla_options)."
+  )
   flags.mark_flags_as_required(["config", "switch"])
 
 
@@ -162,6 +225,7 @@ def main(argv: Sequence[str]) -> None:
     warmup=value["warmup"],
     modes=[m.strip() for m in value["modes"] if m.strip()],
     dtype=value["dtype"],
+    xla_options=parse_options(value["xla_options"]),
     emit=functools.partial(print, flush=True),
   )
 
