@@ -547,7 +547,10 @@ def numpy_batches(
   try:
     yield from ds.as_numpy_iterator()
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError) as e:
-    raise UnreadableImageError(_find_unreadable(config, split, e)) from None
+    message = _find_unreadable(config, split, e)
+    if message is None:  # Every file decodes: the failure is not about a file (e.g. a check).
+      raise
+    raise UnreadableImageError(message) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,10 +566,13 @@ def _unreadable_message(paths: list[str], why: str) -> str:
   )
 
 
-def _find_unreadable(config: ml_collections.ConfigDict, split: str, error: Exception) -> str:
-  """Decodes every image of `split` in parallel to name those TensorFlow cannot read."""
+def _find_unreadable(config: ml_collections.ConfigDict, split: str, error: Exception) -> str | None:
+  """Decodes every image of `split` in parallel to name those TensorFlow cannot read (None: all
+  decode)."""
   cause = str(error).strip().split("\n", 1)[0][:300]
   if config.data.name != "folder":
+    if not any(word in str(error) for word in ("JPEG", "PNG", "ecode", "DataLoss", "corrupt")):
+      return None
     return (
       f"tfds dataset {config.data.name!r} (data_dir={config.data.dir}) has a record that cannot "
       f"be decoded in split {split!r} ({type(error).__name__}: {cause}). Its prepared files are "
@@ -580,8 +586,8 @@ def _find_unreadable(config: ml_collections.ConfigDict, split: str, error: Excep
   ds = tf.data.Dataset.from_tensor_slices(paths).map(decoded_shape, num_parallel_calls=_AUTOTUNE)
   good_paths = {p.decode() for p, _ in ds.ignore_errors().as_numpy_iterator()}
   bad = [p for p in paths.tolist() if p not in good_paths]
-  if not bad:  # Not a file of this split after all: report TensorFlow's own words.
-    return f"Reading split {split!r} of {config.data.dir} failed: {type(error).__name__}: {cause}"
+  if not bad:
+    return None
   try:
     preprocess.decode(tf.io.read_file(bad[0]))
     why = "TensorFlow cannot decode it"
