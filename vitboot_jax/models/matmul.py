@@ -111,22 +111,6 @@ def _dense_hook(product):
 bf16_dot_general = _dense_hook(bf16_einsum)
 
 
-def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kw):
-  """flax's `dot_general=` hook: a Dense layer's x[..., K] @ w[K, N] under the contract.
-
-  Other contractions, explicit precisions and output types go to lax.dot_general unchanged.
-  """
-  (contract_lhs, contract_rhs), (batch_lhs, batch_rhs) = dimension_numbers
-  dense = (
-    tuple(contract_lhs) == (lhs.ndim - 1,)
-    and tuple(contract_rhs) == (0,)
-    and rhs.ndim == 2
-    and not batch_lhs
-    and not batch_rhs
-    and precision is None
-    and preferred_element_type is None
-    and not kw
-  )
-  if dense:
-    return einsum("...k,kn->...n", lhs, rhs)
-  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, **kw)
+# flax's `dot_general=` hook: a Dense layer's x[..., K] @ w[K, N] under the contract; other
+# contractions, explicit precisions and output types go to lax.dot_general unchanged.
+dot_general = _dense_hook(einsum)
