@@ -84,7 +84,15 @@ def test_plot_writes_a_png(tmp_path):
     _write_metrics(tmp_path / mode, mode)
   out = tmp_path / "figs" / "curves.png"
   workdirs = [str(tmp_path / m) for m in ("shared", "joint", "vit")]
-  assert plot.main(["--workdirs", *workdirs, "--out", str(out), "--labels", "s,j,v"]) == 0
+  result = subprocess.run(
+    [sys.executable, "-m", "vitboot_jax.tools.plot", f"--workdirs={','.join(workdirs)}"]
+    + [f"--out={out}", "--labels=s,j,v", "--title=three runs"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert json.loads(result.stdout.splitlines()[-1]) == {"out": str(out), "workdirs": workdirs}
   image = tf.io.decode_png(out.read_bytes()).numpy()
   rows, cols = plot.GRID
   expected = (
