@@ -7,11 +7,12 @@
 #   bash launch/cpu_replication.sh workdirs/cpu_replication 10 0,1 --data_dir=/data/cifar10
 #   bash launch/cpu_replication.sh ROOT 10 0,1 --config=configs/cifar10_tokens16.py  # 16x16 tokens
 # --config=configs/quickstart.py (the default) or configs/cifar10_tokens16.py picks the sweep's
-# table (replication or replication_tokens16). Defaults: workdirs/cpu_replication, 10 epochs,
-# seeds 0,1. Relative paths are taken from the repository root. Re-running skips finished runs
-# and resumes an interrupted one. Log: ROOT/replication.log. Time: docs/results.md.
+# table (replication or replication_tokens16). Defaults: workdirs/cpu_replication (16x16
+# tokens: workdirs/cpu_replication_tokens16), 10 epochs, seeds 0,1. Relative paths are taken
+# from the repository root. Re-running skips finished runs and resumes an interrupted one.
+# Log: ROOT/replication.log.
 set -euo pipefail
-root=${1:-workdirs/cpu_replication}
+root=${1:-}
 epochs=${2:-10}
 seeds=${3:-0,1}
 shift $(($# < 3 ? $# : 3))
@@ -25,6 +26,7 @@ for a in "$@"; do
     *) args+=("$a") ;;
   esac
 done
+[[ -n "$root" ]] || root=workdirs/cpu_$table
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p "$root"
 python -m vitboot_jax.tools.sweep --table="$table" --root="$root" --epochs="$epochs" \

@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import pathlib
 import shlex
 import subprocess
@@ -337,3 +338,26 @@ def test_rows_resolve_to_the_configs_of_runs_started_by_the_old_runner():
     if row.name in old_align_flag:
       old.align = old_align_flag[row.name]
     assert old.to_dict() == _row_config(row).to_dict(), row.name
+
+
+def test_launch_script_picks_the_table_from_config_and_skips_finished_runs(tmp_path):
+  """launch/cpu_replication.sh keeps its arguments: --config picks the 16x16-token table."""
+  table = sweep.TABLES["replication_tokens16"]
+  for row in table.rows:
+    _write_final(tmp_path / f"{row.name}_seed0", {"vit": 0.4, "agent": 0.5})
+  env = dict(
+    os.environ, PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+  )
+  result = subprocess.run(
+    ["bash", "launch/cpu_replication.sh", str(tmp_path), "3", "0"]
+    + ["--config=configs/cifar10_tokens16.py", "--data_dir=/data"],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+  assert result.stdout.count("done already:") == len(table.rows)
+  report = json.loads((tmp_path / sweep.TABLE_JSON).read_text())
+  assert report["table"] == "replication_tokens16" and report["epochs"] == 3
+  assert (tmp_path / "replication.log").exists()
