@@ -7,7 +7,7 @@ import pytest
 
 from tests import paper_recipes
 from vitboot_jax import configlib
-from vitboot_jax.tools import paper_table
+from vitboot_jax.tools import sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -111,9 +111,9 @@ def mismatches(expected: dict, resolved: dict) -> list[str]:
 def _runner_rows() -> dict[str, list[str]]:
   """Each config the table runner runs -> the rows that report it ("table: name (model)")."""
   by_config = {}
-  for table in paper_table.TABLES:
-    for row in paper_table.rows(table):
-      label = f"{table}: {row.name} ({row.model}, {row.recipe})"
+  for table in sweep.PAPER_TABLES:
+    for row in sweep.rows(table):
+      label = f"{table}: {row.name} ({', '.join(row.models)}, {row.note})"
       by_config.setdefault(row.config, []).append(label)
   return by_config
 

@@ -1,17 +1,20 @@
-"""The curve plot and the CPU replication runner, on fake workdirs (no training)."""
+"""The curve plot and the sweep runner's CPU replication tables, on fake workdirs (no training)."""
 
+import dataclasses
+import importlib.util
 import json
 import math
+import os
 import pathlib
+import shlex
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from configs import quickstart
 from vitboot_jax import configlib
-from vitboot_jax.tools import plot, replication
+from vitboot_jax.tools import plot, sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 10
@@ -82,7 +85,15 @@ def test_plot_writes_a_png(tmp_path):
     _write_metrics(tmp_path / mode, mode)
   out = tmp_path / "figs" / "curves.png"
   workdirs = [str(tmp_path / m) for m in ("shared", "joint", "vit")]
-  assert plot.main(["--workdirs", *workdirs, "--out", str(out), "--labels", "s,j,v"]) == 0
+  result = subprocess.run(
+    [sys.executable, "-m", "vitboot_jax.tools.plot", f"--workdirs={','.join(workdirs)}"]
+    + [f"--out={out}", "--labels=s,j,v", "--title=three runs"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert json.loads(result.stdout.splitlines()[-1]) == {"out": str(out), "workdirs": workdirs}
   image = tf.io.decode_png(out.read_bytes()).numpy()
   rows, cols = plot.GRID
   expected = (
@@ -109,11 +120,16 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# replication
+# replication tables of the sweep runner
+
+REPLICATION = sweep.TABLES["replication"]
+
+
+def _settings(root, seeds=(0, 1), epochs=3, table=REPLICATION):
+  return sweep.settings(table, root=root, seeds=seeds, epochs=epochs, data_dir="/data")
 
 
 def test_aggregate_mean_spread_and_missing_rows(tmp_path):
-  rows = {r.name: r for r in replication.ROWS}
   _write_final(tmp_path / "vit_seed0", {"vit": 0.50}, seconds=100.0)
   _write_final(tmp_path / "vit_seed1", {"vit": 0.54}, seconds=120.0)
   _write_final(tmp_path / "shared_noalign_seed0", {"vit": 0.60, "agent": 0.70}, mode="shared")
@@ -122,46 +138,45 @@ def test_aggregate_mean_spread_and_missing_rows(tmp_path):
   _write_final(tmp_path / "joint_seed0", {"vit": 0.61, "agent": 0.62}, epochs=5.0, mode="joint")
   (tmp_path / "agent_seed0").mkdir()  # Started, no final.json yet.
 
-  report = replication.build_report(tmp_path, replication.ROWS, [0, 1], 3, "/data")
+  report = sweep.build_report(REPLICATION, _settings(tmp_path))
   by_name = {r["name"]: r for r in report["rows"]}
-  assert [r["name"] for r in report["rows"]] == list(rows)
+  assert [r["name"] for r in report["rows"]] == [r.name for r in REPLICATION.rows]
 
   vit = by_name["vit"]
   assert vit["status"] == "done" and vit["seeds_done"] == [0, 1]
-  assert vit["top1_vit"]["mean"] == pytest.approx(52.0)
-  assert vit["top1_vit"]["std"] == pytest.approx(math.sqrt(8.0))  # Sample std of 50, 54.
-  assert (vit["top1_vit"]["min"], vit["top1_vit"]["max"]) == pytest.approx((50.0, 54.0))
-  assert vit["top1_agent"] is None and vit["train_seconds"] == pytest.approx(220.0)
+  assert vit["top1"]["vit"]["mean"] == pytest.approx(52.0)
+  assert vit["top1"]["vit"]["std"] == pytest.approx(math.sqrt(8.0))  # Sample std of 50, 54.
+  assert (vit["top1"]["vit"]["min"], vit["top1"]["vit"]["max"]) == pytest.approx((50.0, 54.0))
+  assert list(vit["top1"]) == ["vit"] and vit["train_seconds"] == pytest.approx(220.0)
   assert vit["epochs"] == [3.0] and vit["epochs_match"]
+  assert vit["paper_top1"] == {"vit": None}
 
   shared = by_name["shared_noalign"]
-  assert shared["top1_vit"]["mean"] == pytest.approx(62.0)
-  assert shared["top1_agent"]["mean"] == pytest.approx(68.0)
-  assert shared["top1_agent"]["std"] == pytest.approx(math.sqrt(8.0))
-  assert shared["overrides"] == ["--config.align=none"]
+  assert shared["top1"]["vit"]["mean"] == pytest.approx(62.0)
+  assert shared["top1"]["agent"]["mean"] == pytest.approx(68.0)
+  assert shared["top1"]["agent"]["std"] == pytest.approx(math.sqrt(8.0))
+  assert shared["config"] == "configs/quickstart.py:mode=shared,align=none,epochs=3"
   assert shared["seeds_resumed"] == [1] and vit["seeds_resumed"] == []
 
   joint = by_name["joint"]
-  assert joint["status"] == "partial (1/2 seeds)" and joint["top1_vit"]["std"] is None
+  assert joint["status"] == "partial (1/2 seeds)" and joint["top1"]["vit"]["std"] is None
   assert not joint["epochs_match"]  # 5 epochs in a 3-epoch table.
   assert by_name["agent"]["status"] == "incomplete"
-  assert (
-    by_name["vit_mimetic"]["status"] == "not run" and by_name["vit_mimetic"]["top1_vit"] is None
-  )
+  mimetic = by_name["vit_mimetic"]
+  assert mimetic["status"] == "not run" and mimetic["top1"]["vit"] is None
   assert report["train_seconds"] == pytest.approx(220.0 + 200.0 + 100.0)
 
-  replication.write_report(tmp_path, report)
+  sweep.write_report(tmp_path, report)
   assert json.loads((tmp_path / "table.json").read_text())["rows"][0]["name"] == "vit"
   table = (tmp_path / "table.md").read_text()
-  assert "| ViT alone | 52.00 ± 2.83 [50.00, 54.00] | — | done |" in table
+  assert "| vit | ViT | ViT alone | 52.00 ± 2.83 [50.00, 54.00] | done |" in table
   assert "61.00 (1 seed)" in table and "(!)" in table
   # A resumed seed's final.json times only the steps after the resume: its row is marked.
   lines = table.splitlines()
-  assert "(*)" in next(line for line in lines if "official: summed" in line)
-  assert "(*)" not in next(line for line in lines if line.startswith("| ViT alone"))
+  assert all("(*)" in line for line in lines if line.startswith("| shared_noalign |"))
+  assert "(*)" not in next(line for line in lines if line.startswith("| vit |"))
   assert any(line.startswith("(*) a seed of this row resumed") for line in lines)
-  mimetic_line = next(line for line in lines if "mimetic" in line)
-  assert "not run" in mimetic_line
+  assert "not run" in next(line for line in lines if line.startswith("| vit_mimetic |"))
 
 
 def test_plot_curves_over_first_seed(tmp_path):
@@ -169,75 +184,107 @@ def test_plot_curves_over_first_seed(tmp_path):
   _write_metrics(tmp_path / "shared_align_seed0", "shared")
   _write_metrics(tmp_path / "vit_seed0", "vit")
   _write_metrics(tmp_path / "vit_seed1", "vit")
-  out = replication.plot_curves(tmp_path, replication.ROWS, seed=0)
-  assert out == tmp_path / replication.CURVES and out.stat().st_size > 1000
-  assert replication.plot_curves(tmp_path, replication.ROWS, seed=7) is None
+  out = sweep.plot_curves(REPLICATION, _settings(tmp_path), seed=0)
+  assert out == tmp_path / sweep.CURVES and out.stat().st_size > 1000
+  assert sweep.plot_curves(REPLICATION, _settings(tmp_path), seed=7) is None
+
+
+def _run_sweep(*args):
+  return subprocess.run(
+    [sys.executable, "-m", "vitboot_jax.tools.sweep", *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+
+
+def _commands(stdout):
+  return [
+    shlex.split(line)
+    for line in stdout.splitlines()
+    if line.startswith("python -m vitboot_jax.main")
+  ]
 
 
 def test_printed_commands(tmp_path):
   root = tmp_path / "rep"
-  result = subprocess.run(
-    [sys.executable, "-m", "vitboot_jax.tools.replication", f"--root={root}", "--epochs=4"]
-    + ["--seeds=0,1", "--data_dir=/data/c10", "--override=--config.batch_size=32"],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    check=True,
+  result = _run_sweep(
+    "--table=replication",
+    f"--root={root}",
+    "--epochs=4",
+    "--seeds=0,1",
+    "--data_dir=/data/c10",
+    "--override=--config.batch_size=32",
   )
-  commands = [line.split() for line in result.stdout.splitlines() if "vitboot_jax.main" in line]
-  assert len(commands) == 2 * len(replication.ROWS)
+  commands = _commands(result.stdout)
+  assert len(commands) == 2 * len(REPLICATION.rows)
   assert not root.exists()  # Without --run nothing is written.
   by_workdir = {}
   for cmd in commands:
-    flags = dict(arg.split("=", 1) for arg in cmd if arg.startswith("--"))
+    assert cmd[:3] == ["python", "-m", "vitboot_jax.main"]
+    flags = dict(arg.split("=", 1) for arg in cmd[3:])
     workdir = pathlib.Path(flags["--workdir"])
     by_workdir[workdir.name] = (cmd, flags)
     seed = workdir.name.rsplit("_seed", 1)[1]
     assert workdir.parent == root
-    assert flags["--config.seed"] == seed and flags["--config.data.dir"] == "/data/c10"
+    assert flags["--config.seed"] == seed
+    # The image folder explicitly, whatever the config's default data.
+    assert flags["--config.data.name"] == "folder" and flags["--config.data.dir"] == "/data/c10"
     assert flags["--config"].startswith("configs/quickstart.py:mode=")
+    assert (REPO / flags["--config"].split(":")[0]).is_file()
     assert flags["--config"].endswith(",epochs=4") and flags["--config.batch_size"] == "32"
     assert flags["--config.eval_every_epochs"] == "1"  # Per-epoch curves.
-  assert set(by_workdir) == {f"{r.name}_seed{s}" for r in replication.ROWS for s in (0, 1)}
-  cmd, flags = by_workdir["shared_noalign_seed1"]
-  assert flags["--config.align"] == "none" and flags["--config"].endswith(":mode=shared,epochs=4")
-  assert by_workdir["shared_align_seed0"][1]["--config.align"] == "pcgrad"
-  assert by_workdir["vit_drloc_seed0"][1]["--config"].endswith(":mode=vit,drloc=0.1,epochs=4")
-  assert "init=impulse3" in by_workdir["vit_impulse_seed0"][1]["--config"]
-  assert "init=mimetic" in by_workdir["vit_mimetic_seed1"][1]["--config"]
-  assert by_workdir["shared_drloc_seed0"][1]["--config"].endswith(":mode=shared,drloc=0.1,epochs=4")
-  assert by_workdir["agent_seed0"][1]["--config"].endswith(":mode=agent,epochs=4")
+    assert not any(k.startswith("--config.align") for k in flags)  # Rows are config args.
+  assert set(by_workdir) == {f"{r.name}_seed{s}" for r in REPLICATION.rows for s in (0, 1)}
+  config = {name: flags["--config"].split(":", 1)[1] for name, (_, flags) in by_workdir.items()}
+  assert config["shared_noalign_seed1"] == "mode=shared,align=none,epochs=4"
+  assert config["shared_align_seed0"] == "mode=shared,align=pcgrad,epochs=4"
+  assert config["vit_drloc_seed0"] == "mode=vit,drloc=0.1,epochs=4"
+  assert config["vit_impulse_seed0"] == "mode=vit,init=impulse3,epochs=4"
+  assert config["vit_mimetic_seed1"] == "mode=vit,init=mimetic,epochs=4"
+  assert config["shared_drloc_seed0"] == "mode=shared,align=pcgrad,drloc=0.1,epochs=4"
+  assert config["agent_seed0"] == "mode=agent,epochs=4"
   assert "not run" in result.stdout
 
 
 def test_rows_flag_limits_the_commands_not_the_table(tmp_path):
-  result = subprocess.run(
-    [sys.executable, "-m", "vitboot_jax.tools.replication", f"--root={tmp_path}"]
-    + ["--seeds=3", "--rows=shared_noalign,vit"],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    check=True,
+  result = _run_sweep(
+    "--table=replication", f"--root={tmp_path}", "--seeds=3", "--rows=shared_noalign,vit"
   )
-  commands = [line for line in result.stdout.splitlines() if "vitboot_jax.main" in line]
-  assert [c.split("--workdir=")[1].split()[0] for c in commands] == [
-    str(tmp_path / "vit_seed3"),
-    str(tmp_path / "shared_noalign_seed3"),
-  ]
-  assert f"epochs={replication.DEFAULT_EPOCHS}" in commands[0]
-  table = json.loads((tmp_path / replication.TABLE_JSON).read_text())  # ROOT exists: written.
-  assert [r["name"] for r in table["rows"]] == list(replication.ROWS_BY_NAME)
+  workdirs = [dict(a.split("=", 1) for a in c[3:])["--workdir"] for c in _commands(result.stdout)]
+  assert workdirs == [str(tmp_path / "vit_seed3"), str(tmp_path / "shared_noalign_seed3")]
+  assert f"epochs={REPLICATION.epochs}" in _commands(result.stdout)[0][3]
+  table = json.loads((tmp_path / sweep.TABLE_JSON).read_text())  # ROOT exists: written.
+  assert [r["name"] for r in table["rows"]] == [r.name for r in REPLICATION.rows]
   assert {r["status"] for r in table["rows"]} == {"not run"} and table["seeds"] == [3]
-  lines = (tmp_path / replication.TABLE_MD).read_text().splitlines()
-  assert sum("| not run |" in line for line in lines) == len(replication.ROWS)
+  lines = (tmp_path / sweep.TABLE_MD).read_text().splitlines()
+  assert sum("| not run |" in line for line in lines) == sum(
+    len(r.models) for r in REPLICATION.rows
+  )
 
 
-def _row_config(row, seed=0, epochs=4):
-  """The config a row's command builds: quickstart args, then its --config.* flags."""
-  cmd = replication.command(row, "/root", seed, epochs, "/data")
-  config = quickstart.get_config(cmd[3].split(":", 1)[1])
-  for arg in cmd[5:]:
-    key, value = arg[len("--config.") :].split("=", 1)
+def test_tokens16_table_keeps_the_row_names():
+  table = sweep.TABLES["replication_tokens16"]
+  assert [r.name for r in table.rows] == [
+    *("vit", "agent", "joint", "shared_align", "shared_noalign"),
+    *("joint_kd_only", "joint_feature_only", "joint_no_decay"),
+  ]
+  s = _settings("/root", table=table)
+  assert all(r.config.startswith("configs/cifar10_tokens16.py:mode=") for r in table.rows)
+  assert sweep.workdir(s, table.rows[3], 1) == pathlib.Path("/root/shared_align_seed1")
+
+
+def _row_config(row, seed=0, epochs=4, table=REPLICATION):
+  """The config a row's command builds: the config file's args, then its --config.* flags."""
+  cmd = sweep.command(table, _settings("/root", epochs=epochs, table=table), row, seed)
+  path, _, arg = cmd[3].removeprefix("--config=").partition(":")
+  spec = importlib.util.spec_from_file_location("row_config", REPO / path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(arg)
+  for flag in cmd[5:]:
+    key, value = flag[len("--config.") :].split("=", 1)
     old = config[key] if "." not in key else config[key.split(".")[0]][key.split(".")[1]]
     config.update_from_flattened_dict({key: type(old)(value) if old is not None else value})
   return config
@@ -250,29 +297,67 @@ def _flatten(d, prefix=""):
   return out
 
 
-def test_rows_differ_only_in_method():
+@pytest.mark.parametrize("name", ["replication", "replication_tokens16"])
+def test_rows_differ_only_in_method(name):
   """Equal data, model, optimiser, epochs and seed in every row; only the method changes."""
+  table = sweep.TABLES[name]
   allowed = {
     "mode",
     "align",
     "drloc.weight",
     "model.init",
-    "optim.clip_norm",  # set_mode: the ViT-alone worker clips at 0.1.
-    "agent.mlp_dropout",  # set_mode: the standalone (and joint) agent's dropout.
+    "optim.clip_norm",  # The ViT-alone worker clips at 0.1.
+    "agent.mlp_dropout",  # The standalone (and joint) agent's dropout.
   }
-  reference = _flatten(_row_config(replication.ROWS_BY_NAME["shared_align"], seed=1).to_dict())
-  for row in replication.ROWS:
-    config = _row_config(row, seed=1)
+  by_name = {r.name: r for r in table.rows}
+  reference = _flatten(_row_config(by_name["shared_align"], seed=1, table=table).to_dict())
+  for row in table.rows:
+    config = _row_config(row, seed=1, table=table)
     configlib.validate(config)
-    assert config.num_epochs == 4 and config.seed == 1 and config.data.dir == "/data"
+    assert config.num_epochs == 4 and config.seed == 1
+    assert (config.data.name, config.data.dir) == ("folder", "/data")
     flat = _flatten(config.to_dict())
     changed = {k for k in flat if flat[k] != reference[k] and not k.startswith("loss.")}
     assert changed <= allowed, (row.name, changed - allowed)
-  assert _row_config(replication.ROWS_BY_NAME["shared_noalign"]).align == "none"
-  assert _row_config(replication.ROWS_BY_NAME["shared_drloc"]).drloc.weight == 0.1
+  assert _row_config(by_name["shared_noalign"], table=table).align == "none"
+  assert _row_config(by_name["shared_align"], table=table).align == "pcgrad"
 
 
 def test_select_rows():
-  assert [r.name for r in replication.select_rows(["joint", "vit"])] == ["vit", "joint"]
+  assert [r.name for r in sweep.select_rows(REPLICATION, ["joint", "vit"])] == ["vit", "joint"]
   with pytest.raises(ValueError, match="unknown rows"):
-    replication.select_rows(["nope"])
+    sweep.select_rows(REPLICATION, ["nope"])
+
+
+def test_rows_resolve_to_the_configs_of_runs_started_by_the_old_runner():
+  """Runs begun by tools/replication.py (align as a flag) resume: their config is unchanged."""
+  old_align_flag = {"shared_align": "pcgrad", "shared_noalign": "none", "shared_drloc": "pcgrad"}
+  for row in REPLICATION.rows:
+    args = row.config.split(":", 1)[1].replace(f",align={old_align_flag.get(row.name)}", "")
+    old = _row_config(dataclasses.replace(row, config=f"configs/quickstart.py:{args}"))
+    if row.name in old_align_flag:
+      old.align = old_align_flag[row.name]
+    assert old.to_dict() == _row_config(row).to_dict(), row.name
+
+
+def test_launch_script_picks_the_table_from_config_and_skips_finished_runs(tmp_path):
+  """launch/cpu_replication.sh keeps its arguments: --config picks the 16x16-token table."""
+  table = sweep.TABLES["replication_tokens16"]
+  for row in table.rows:
+    _write_final(tmp_path / f"{row.name}_seed0", {"vit": 0.4, "agent": 0.5})
+  env = dict(
+    os.environ, PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+  )
+  result = subprocess.run(
+    ["bash", "launch/cpu_replication.sh", str(tmp_path), "3", "0"]
+    + ["--config=configs/cifar10_tokens16.py", "--data_dir=/data"],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+  assert result.stdout.count("done already:") == len(table.rows)
+  report = json.loads((tmp_path / sweep.TABLE_JSON).read_text())
+  assert report["table"] == "replication_tokens16" and report["epochs"] == 3
+  assert (tmp_path / "replication.log").exists()

@@ -196,7 +196,7 @@ def test_pth_without_torch_names_the_converter(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "torch", None)  # As if torch were not installed.
   monkeypatch.delitem(sys.modules, "vitboot_jax.tools.convert_checkpoint", raising=False)
   (tmp_path / "deit.pth").write_bytes(b"")
-  with pytest.raises(ImportError, match="convert_checkpoint .*deit.pth OUT.safetensors"):
+  with pytest.raises(ImportError, match="convert_checkpoint --input=.*deit.pth --output=OUT"):
     init_from.read_vit_params(str(tmp_path / "deit.pth"))
 
 
@@ -211,10 +211,8 @@ def test_torch_converter_round_trips_a_wrapped_state_dict(golden, tmp_path):
     "epoch": 3,
   }
   torch.save(wrapped, tmp_path / "deit.pth")
-  assert (
-    convert_checkpoint.main(["x", str(tmp_path / "deit.pth"), str(tmp_path / "out.safetensors")])
-    == 0
-  )
+  count = convert_checkpoint.convert(str(tmp_path / "deit.pth"), str(tmp_path / "out.safetensors"))
+  assert count == len(sd)
   out = load_file(tmp_path / "out.safetensors")
   assert sorted(out) == sorted(sd)
   for k in sd:

@@ -27,6 +27,13 @@ def _grid_shape(rows, cols, size=TILE, pad=PAD):
   return (rows * (size + pad) + pad, cols * (size + pad) + pad, 3)
 
 
+def _figure_shape(rows, cols):
+  """(height, width) of a figure of rows x cols panels: matplotlib's, or the plain tiles'."""
+  if visualize._matplotlib() is None:
+    return _grid_shape(rows, cols)[:2]
+  return visualize.figure_pixels(rows, cols)
+
+
 @pytest.fixture(scope="module")
 def image_folder(tmp_path_factory):
   """2 classes x 4 random 32x32 PNGs in train and test."""
@@ -144,12 +151,48 @@ def test_fresh_init_writes_every_figure(fresh):
   assert index["images"] == ["test[0]", "test[1]"]
   assert sorted(os.listdir(out)) == sorted([*_expected_files(), "index.json"])
   for name in result.files:
-    image = _decode(out / name)
+    image = _decode(out / name)[..., :3]
     if name.startswith("attention_heads"):
-      assert image.shape == _grid_shape(2, visualize.HEAD_COLUMNS), name  # Input + 9 heads.
+      # Input + 9 heads in rows of HEAD_COLUMNS.
+      assert image.shape[:2] == _figure_shape(2, visualize.HEAD_COLUMNS), name
     else:
-      assert image.shape == _grid_shape(2, 3), name  # 2 images x (input, map, overlay).
+      assert image.shape[:2] == _figure_shape(2, 3), name  # 2 images x (input, map, overlay).
     assert len(np.unique(image.reshape(-1, 3), axis=0)) > 10, name  # Not blank.
+
+
+def test_figures_have_titles_axis_labels_and_colour_bars():
+  pytest.importorskip("matplotlib")
+  rng = np.random.default_rng(0)
+  pictures = rng.integers(0, 256, (2, 16, 16, 3)).astype(np.uint8)
+  maps = rng.random((2, 4, 4))
+  fig = visualize.rows_figure(pictures, maps, "block 0", "mean over heads", "probability", "patch")
+  assert fig.get_suptitle() == "block 0"
+  colour_bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+  assert len(colour_bars) == 2 and colour_bars[0].get_ylabel() == "probability"
+  panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+  assert [ax.get_title() for ax in panels] == ["input", "mean over heads", "overlay"] * 2
+  assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in panels[:3]] == [
+    ("x (px)", "y (px)"),
+    ("patch column", "patch row"),
+    ("x (px)", "y (px)"),
+  ]
+  heads = visualize.heads_figure(pictures[0], rng.random((9, 4, 4)), "heads")
+  assert heads.get_suptitle() == "heads"
+  assert [ax.get_label() for ax in heads.axes].count("<colorbar>") == 1  # One shared scale.
+  assert [ax.get_title() for ax in heads.axes[1:10]] == [f"head {h}" for h in range(9)]
+
+
+def test_without_matplotlib_the_figures_are_plain_tiles(tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(visualize, "_matplotlib", lambda: None)
+  rng = np.random.default_rng(0)
+  pictures = rng.integers(0, 256, (2, TILE, TILE, 3)).astype(np.uint8)
+  attention = [rng.random((2, HEADS, 17, 17))]
+  files = visualize.write_figures(str(tmp_path), pictures, attention, [rng.random((2, 4, 4))], [])
+  assert files == ["attention_layer0.png", "attention_heads_layer0.png", "features_vit_layer0.png"]
+  assert _decode(tmp_path / files[0]).shape == _grid_shape(2, 3)
+  assert _decode(tmp_path / files[1]).shape == _grid_shape(2, visualize.HEAD_COLUMNS)
+  note = capsys.readouterr().err.strip().splitlines()
+  assert len(note) == 1 and "matplotlib is not installed" in note[0]
 
 
 def test_maps_have_the_models_shapes_and_attention_rows_sum_to_one(fresh):
@@ -263,4 +306,4 @@ def test_command_line_on_a_checkpoint(image_folder, trained_run, tmp_path):
   assert "checkpoint step 2" in proc.stdout
   assert index["files"] == _expected_files() and index["images"] == ["test[0]"]
   assert index["step"] == 2
-  assert _decode(tmp_path / "cli" / "attention_layer0.png").shape == _grid_shape(1, 3)
+  assert _decode(tmp_path / "cli" / "attention_layer0.png").shape[:2] == _figure_shape(1, 3)

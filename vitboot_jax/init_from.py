@@ -2,9 +2,10 @@
 
 Formats (by path): a timm/DeiT `.safetensors` file (read with safetensors' numpy API, no torch),
 an `.npz` (timm, official or our flattened names), a PyTorch `.pth`/`.pt`/`.bin` (needs torch;
-`python -m vitboot_jax.tools.convert_checkpoint IN.pth OUT.safetensors` converts it once), or a
-run of ours: its workdir, its `checkpoints/` directory or one `checkpoints/<step>` (the ViT's
-parameters of the newest complete step). Names and shapes are handled by models/pretrained.py.
+`python -m vitboot_jax.tools.convert_checkpoint --input=IN.pth --output=OUT.safetensors` converts
+it once), or a run of ours: its workdir, its `checkpoints/` directory or one `checkpoints/<step>`
+(the ViT's parameters of the newest complete step). Names and shapes are handled by
+models/pretrained.py.
 
 Only a fresh run imports: a workdir that holds a checkpoint resumes from it instead.
 """
@@ -51,7 +52,8 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     except ImportError as error:
       raise ImportError(
         f"config.init_from={path} is a PyTorch file and torch is not installed: convert it once "
-        f"with `python -m vitboot_jax.tools.convert_checkpoint {path} OUT.safetensors` where "
+        f"with `python -m vitboot_jax.tools.convert_checkpoint --input={path} "
+        "--output=OUT.safetensors` where "
         "torch is installed (pip install 'vitboot_jax[torch]') and pass OUT.safetensors"
       ) from error
     return read_torch_state_dict(str(p))

@@ -1,7 +1,7 @@
 r"""Training curves of one or more runs in one PNG, read from each workdir's metrics.jsonl.
 
-  python -m vitboot_jax.tools.plot --workdirs workdirs/vit workdirs/shared --out curves.png \
-    --labels vit,shared [--smooth 10]
+  python -m vitboot_jax.tools.plot --workdirs=workdirs/vit,workdirs/shared --out=curves.png \
+    --labels=vit,shared [--smooth=10]
 
 Panels (x axis: epochs):
   * eval top-1 of every model of every run, the paper's Fig. 5: one colour per run, ViT solid,
@@ -21,7 +21,6 @@ global state is never touched.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
@@ -29,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from absl import app, flags
 
 from vitboot_jax import metrics
 
@@ -255,25 +255,33 @@ def plot_runs(
   return out
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
-    prog="python -m vitboot_jax.tools.plot", description=__doc__.split("\n")[0]
+_FLAGS = {}
+
+
+def define_flags() -> None:
+  """Defines this tool's flags; called only when it runs as a program, so several tools can be
+  imported into one process (tests) without their flag names colliding."""
+  _FLAGS["workdirs"] = flags.DEFINE_list("workdirs", None, "Run directories, comma-separated.")
+  _FLAGS["out"] = flags.DEFINE_string("out", None, "Output PNG path.")
+  _FLAGS["labels"] = flags.DEFINE_list("labels", None, "Legend labels, one per workdir.")
+  _FLAGS["smooth"] = flags.DEFINE_integer(
+    "smooth", DEFAULT_SMOOTH, "Moving-average window of the training curves (1: none)."
   )
-  parser.add_argument("--workdirs", nargs="+", required=True, help="Run directories.")
-  parser.add_argument("--out", required=True, help="Output PNG path.")
-  parser.add_argument("--labels", default=None, help="Comma-separated, one per workdir.")
-  parser.add_argument("--smooth", type=int, default=DEFAULT_SMOOTH, help="Moving-average window.")
-  parser.add_argument("--title", default=None, help="Figure title.")
-  return parser.parse_args(argv)
+  _FLAGS["title"] = flags.DEFINE_string("title", None, "Figure title.")
+  flags.mark_flags_as_required(["workdirs", "out"])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  args = _parse_args(argv)
-  labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
-  out = plot_runs(args.workdirs, args.out, labels=labels, smooth=args.smooth, title=args.title)
-  print(json.dumps({"out": str(out), "workdirs": args.workdirs}))
-  return 0
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  workdirs = _FLAGS["workdirs"].value
+  labels = [s.strip() for s in _FLAGS["labels"].value] if _FLAGS["labels"].value else None
+  out = plot_runs(
+    workdirs, _FLAGS["out"].value, labels, _FLAGS["smooth"].value, _FLAGS["title"].value
+  )
+  print(json.dumps({"out": str(out), "workdirs": workdirs}))
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  define_flags()
+  app.run(main)

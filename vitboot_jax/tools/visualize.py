@@ -10,18 +10,22 @@ cls token's attention over the patch grid averaged over heads, and the two overl
 `attention_heads_layer{l}.png` (the first image and each head's cls attention),
 `features_vit_layer{l}.png` and, for every agent block, `features_agent_layer{l}.png` (per image:
 input, the L2 norm over channels of the block output at each position, overlay); plus
-`index.json` naming the files. Every map is min-max normalised on its own and coloured with a
-viridis-like table. The attention is recomputed from each block's input (the previous block's
-output, or the embedded patches for block 0) with the block's own LN1 and Q/K weights.
+`index.json` naming the files. With matplotlib (the [plot] extra) every figure has a title, axis
+labels and colour bars in the maps' own units; without it the PNGs are plain tiles, every map
+min-max normalised on its own and coloured with a viridis-like table. The attention is
+recomputed from each block's input (the previous block's output, or the embedded patches for
+block 0) with the block's own LN1 and Q/K weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -320,6 +324,110 @@ def _rows(pictures: np.ndarray, maps: np.ndarray) -> np.ndarray:
   return tile(tiles, cols=3)
 
 
+# Matplotlib figures: the size of one panel (a map with its colour bar) and the title band.
+PANEL_INCHES = (3.4, 3.0)
+TITLE_INCHES = 0.6
+DPI = 100
+
+
+def _matplotlib():
+  """(Figure, FigureCanvasAgg), or None without matplotlib (the optional [plot] extra)."""
+  try:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+  except ModuleNotFoundError as error:
+    if (error.name or "").partition(".")[0] != "matplotlib":
+      raise
+    return None
+  return Figure, FigureCanvasAgg
+
+
+def figure_pixels(rows: int, cols: int) -> tuple[int, int]:
+  """(height, width) in pixels of a matplotlib figure of `rows` x `cols` panels."""
+  return (
+    round((rows * PANEL_INCHES[1] + TITLE_INCHES) * DPI),
+    round(cols * PANEL_INCHES[0] * DPI),
+  )
+
+
+def _new_figure(rows: int, cols: int, title: str) -> tuple[Any, np.ndarray]:
+  Figure, FigureCanvasAgg = _matplotlib()
+  height, width = figure_pixels(rows, cols)
+  fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI, layout="constrained")
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(rows, cols, squeeze=False)
+  fig.suptitle(title)
+  return fig, axes
+
+
+def _show_picture(ax: Any, picture: np.ndarray, title: str) -> None:
+  ax.imshow(picture, interpolation="nearest")
+  ax.set(title=title, xlabel="x (px)", ylabel="y (px)")
+
+
+def _show_map(
+  fig: Any, ax: Any, map2d: np.ndarray, title: str, label: str, grid: str, vmin=None, vmax=None
+) -> None:
+  """The map in its own units (token or feature-map positions) with its colour bar."""
+  image = _imshow_grid(ax, map2d, title, grid, vmin, vmax)
+  fig.colorbar(image, ax=ax, label=label, fraction=0.046, pad=0.04)
+
+
+def _imshow_grid(ax: Any, map2d: np.ndarray, title: str, grid: str, vmin=None, vmax=None) -> Any:
+  from matplotlib.ticker import MaxNLocator
+
+  image = ax.imshow(map2d, cmap="viridis", interpolation="nearest", vmin=vmin, vmax=vmax)
+  ax.set(title=title, xlabel=f"{grid} column", ylabel=f"{grid} row")
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # Positions, not fractions of them.
+  ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+  return image
+
+
+def _show_overlay(ax: Any, picture: np.ndarray, map2d: np.ndarray) -> None:
+  """The map (the colours of the panel before) stretched over the input, half transparent."""
+  h, w = picture.shape[:2]
+  ax.imshow(picture, interpolation="nearest")
+  ax.imshow(map2d, cmap="viridis", alpha=0.5, extent=(0, w, h, 0), interpolation="bilinear")
+  ax.set(title="overlay", xlabel="x (px)", ylabel="y (px)")
+
+
+def rows_figure(
+  pictures: np.ndarray, maps: np.ndarray, title: str, map_title: str, label: str, grid: str
+) -> Any:
+  """A figure with one row per image: the input, its map (colour bar in `label` units) and the
+  map over the input in the same colours."""
+  fig, axes = _new_figure(len(pictures), 3, title)
+  for (ax_in, ax_map, ax_over), picture, map2d in zip(axes, pictures, maps):
+    _show_picture(ax_in, picture, "input")
+    _show_map(fig, ax_map, map2d, map_title, label, grid)
+    _show_overlay(ax_over, picture, map2d)
+  return fig
+
+
+def heads_figure(picture: np.ndarray, heads: np.ndarray, title: str) -> Any:
+  """The input and each head's cls attention on one colour scale (one colour bar)."""
+  cols = HEAD_COLUMNS
+  rows = math.ceil((len(heads) + 1) / cols)
+  fig, axes = _new_figure(rows, cols, title)
+  flat = axes.reshape(-1)
+  _show_picture(flat[0], picture, "input")
+  vmin, vmax = float(np.min(heads)), float(np.max(heads))
+  image = None
+  for h, (ax, map2d) in enumerate(zip(flat[1:], heads)):
+    image = _imshow_grid(ax, map2d, f"head {h}", "patch", vmin, vmax)
+  for ax in flat[len(heads) + 1 :]:
+    ax.set_axis_off()
+  fig.colorbar(image, ax=list(flat), label="cls attention probability", shrink=0.8)
+  return fig
+
+
+def _save_figure(path: str, fig: Any) -> None:
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png")
+  with tf.io.gfile.GFile(path, "wb") as f:
+    f.write(buffer.getvalue())
+
+
 def write_figures(
   out_dir: str,
   pictures: np.ndarray,
@@ -327,23 +435,57 @@ def write_figures(
   vit_maps: list[np.ndarray],
   agent_maps: list[np.ndarray],
 ) -> list[str]:
-  """Writes every figure; `pictures` are the uint8 inputs already up-sampled to the tile size."""
+  """Writes every figure; `pictures` are the uint8 inputs already up-sampled to the tile size.
+
+  With matplotlib: titled figures with axis labels and colour bars in the maps' own units;
+  without it, plain tiled PNGs (input, min-max normalised map, overlay) and a note saying so.
+  """
   size = pictures.shape[1]
   files = []
+  plain = _matplotlib() is None
+  if plain:
+    print(
+      "visualize: matplotlib is not installed (pip install -e '.[plot]'): plain PNGs without "
+      "titles, axis labels or colour bars",
+      file=sys.stderr,
+    )
 
-  def write(name: str, image: np.ndarray) -> None:
-    save_png(os.path.join(out_dir, name), image)
+  def write(name: str, image_or_figure: Any) -> None:
+    path = os.path.join(out_dir, name)
+    if plain:
+      save_png(path, image_or_figure)
+    else:
+      _save_figure(path, image_or_figure)
     files.append(name)
 
   for layer, probs in enumerate(attention):
     cls_rows = _tokens_to_grid(probs[:, :, 0, 1:])  # [B, heads, k, k]
-    write(f"attention_layer{layer}.png", _rows(pictures, cls_rows.mean(axis=1)))
-    heads = [pictures[0], *(_map_tile(m, size) for m in cls_rows[0])]
-    write(f"attention_heads_layer{layer}.png", tile(heads, cols=HEAD_COLUMNS))
-  for layer, maps in enumerate(vit_maps):
-    write(f"features_vit_layer{layer}.png", _rows(pictures, maps))
-  for layer, maps in enumerate(agent_maps):
-    write(f"features_agent_layer{layer}.png", _rows(pictures, maps))
+    mean = cls_rows.mean(axis=1)
+    k = mean.shape[-1]
+    if plain:
+      write(f"attention_layer{layer}.png", _rows(pictures, mean))
+      heads = [pictures[0], *(_map_tile(m, size) for m in cls_rows[0])]
+      write(f"attention_heads_layer{layer}.png", tile(heads, cols=HEAD_COLUMNS))
+      continue
+    title = f"ViT block {layer}: attention of the cls token over the {k}x{k} patches"
+    fig = rows_figure(
+      pictures, mean, title, "mean over heads", "cls attention probability", "patch"
+    )
+    write(f"attention_layer{layer}.png", fig)
+    write(
+      f"attention_heads_layer{layer}.png",
+      heads_figure(pictures[0], cls_rows[0], f"{title}, per head (first image)"),
+    )
+  for name, all_maps in (("vit", vit_maps), ("agent", agent_maps)):
+    for layer, maps in enumerate(all_maps):
+      file = f"features_{name}_layer{layer}.png"
+      if plain:
+        write(file, _rows(pictures, maps))
+        continue
+      h, w = maps.shape[1:]
+      model, grid = ("ViT", "patch") if name == "vit" else ("agent", "position")
+      title = f"{model} block {layer}: L2 norm over channels of its output ({h}x{w})"
+      write(file, rows_figure(pictures, maps, title, "feature norm", "L2 norm", grid))
   return files
 
 

@@ -1,0 +1,174 @@
+"""The sweep runner's paper tables: valid rows, the paper's numbers, runnable printed commands."""
+
+import importlib.util
+import json
+import pathlib
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from vitboot_jax import configlib, paper_results
+from vitboot_jax.tools import sweep
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _config(config):
+  path, _, arg = config.partition(":")
+  spec = importlib.util.spec_from_file_location("row", REPO / path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def _lines(table):
+  """(row, model) pairs the table reports: the report's lines."""
+  return [(row, model) for row in sweep.rows(table) for model in row.models]
+
+
+@pytest.mark.parametrize("table", sweep.PAPER_TABLES)
+def test_every_row_is_a_valid_config_of_its_model(table):
+  assert (
+    len(_lines(table)) == {"cifar10": 25, "cifar100": 25, "imagenet": 27, "ablation": 10}[table]
+  )
+  for row in sweep.rows(table):
+    config = _config(row.config)
+    configlib.validate(config)
+    if row.models == ("cnn",):
+      assert config.mode == "cnn", row
+    else:
+      assert config.mode in ("vit", "agent", "joint", "shared"), row
+      assert set(row.models) <= {"vit", "agent"} and (
+        len(row.models) == 2 or config.mode in (row.models[0], "joint", "shared")
+      ), row
+    if "sam=1" in row.config:
+      assert config.sam.rho == 0.1
+    if "entmax" in row.config:
+      assert config.model.attention == "entmax"
+    classes = {"cifar10": 10, "cifar100": 100, "imagenet": 1000, "ablation": 100}[table]
+    assert config.data.num_classes == classes
+
+
+@pytest.mark.parametrize("table", sweep.PAPER_TABLES)
+def test_every_line_has_its_published_number_and_every_number_a_line(table):
+  published = paper_results.TABLES[sweep.TABLES[table].paper].top1
+  lines = _lines(table)
+  for row, model in lines:
+    assert paper_results.top1(table, row.name, model) is not None, (row.name, model)
+  assert {(r, m) for r, models in published.items() for m in models} == {
+    (row.name, model) for row, model in lines
+  }
+
+
+def test_paper_numbers_spot_checks():
+  assert paper_results.top1("cifar100", "Ours-Joint S", "vit") == 76.19
+  assert paper_results.top1("cifar10", "Ours-Shared B", "agent") == 92.66
+  assert paper_results.top1("imagenet", "Ours-Joint 50%", "vit") == 71.36
+  assert paper_results.top1("ablation", "T5 Joint base", "agent") == 73.79
+  assert paper_results.top1("cifar10", "Agent-S", "vit") is None
+
+
+def test_markdown_renders_table_1_with_a_column_per_dataset():
+  text = paper_results.markdown("cifar10", "cifar100")
+  assert "| row | model | CIFAR-10 top-1 (%) | CIFAR-100 top-1 (%) |" in text
+  assert "| Ours-Joint S | ViT | 95.14 | 76.19 |" in text
+  assert "| Pre-trained ViT-B | ViT | 97.17 | 84.95 |" in text
+  assert text.count("\n| ") == 1 + 20  # Header + a line per published (row, model).
+  with pytest.raises(ValueError, match="unknown tables"):
+    paper_results.markdown("table9")
+
+
+@pytest.mark.parametrize("table", ["cifar10", "cifar100", "imagenet"])
+def test_shared_and_sparse_b_rows_run_both_recipes(table):
+  """Shared: the authors' summed gradients and the paper's Align; Sparse-B: ViT-B with entmax
+  and the authors' shipped config (ViT-S shape), each labelled."""
+  rows = sweep.rows(table)
+  shared = {(r.note, _config(r.config).align) for r in rows if r.name.startswith("Ours-Shared")}
+  assert shared == {(sweep.CODE, "none"), (sweep.ALIGN, "pcgrad")}
+  sparse_b = {(r.note, _config(r.config).model.embed_dim) for r in rows if "ViT-B-Sparse" in r.name}
+  assert sparse_b == {(sweep.PAPER_B, 384), (sweep.SHIPPED_S, 288)}
+
+
+def test_table4_rows_switch_one_loss_term():
+  by_name = {r.name: _config(r.config) for r in sweep.rows("ablation")}
+  both = by_name["T4 Both (Ours-Joint S)"]
+  assert (both.loss.kd_vit, both.loss.feature_vit, both.loss.feature_decay) == (1.0, 10.0, "epoch")
+  assert by_name["T4 KD Only"].loss.feature_vit == 0.0
+  assert by_name["T4 Feat Only"].loss.kd_vit == by_name["T4 Feat Only"].loss.kd_agent == 0.0
+  assert by_name["T4 Feat Only, No Decay"].loss.feature_decay == "none"
+  assert by_name["T4 Both, No Decay"].loss.feature_decay == "none"
+  assert by_name["T4 Feat Only, AP-2D"].loss.adapt == "pool2d"
+
+
+def test_rows_of_one_config_share_one_run():
+  rows = sweep.rows("cifar100")
+  runs = sweep.runs(rows)
+  assert len(runs) == len(rows) - 1  # ViT-B-Sparse (shipped) is the ViT-S-Sparse run.
+  sparse = [r for r in rows if r.config.endswith("vits_cifar100.py:mode=vit,attention=entmax")]
+  assert [r.name for r in sparse] == ["ViT-S-Sparse", "ViT-B-Sparse"]
+  assert len({r.run_name for r in sparse}) == 1
+
+
+def test_report_reads_final_json(tmp_path):
+  table = sweep.TABLES["cifar100"]
+  s = sweep.settings(table, root=tmp_path)
+  shared_s = next(r for r in table.rows if r.name == "Ours-Shared S")
+  workdir = sweep.workdir(s, shared_s, 0)
+  assert workdir == tmp_path / "vits_cifar100_mode-shared_align-none_seed0"
+  workdir.mkdir(parents=True)
+  (workdir / "final.json").write_text(
+    json.dumps({"top1_vit": 0.7512, "top1_agent": 0.7, "epochs": 240})
+  )
+  report = sweep.table_markdown(sweep.build_report(table, s))
+  assert "| Ours-Shared S | ViT | authors' code | 75.50 | 75.12 | done | 0 | 240 |" in report
+  assert "| Ours-Shared S | agent | authors' code | 74.06 | 70.00 | done | 0 | 240 |" in report
+  assert report.count("| not run | not run |") == len(_lines("cifar100")) - 2
+
+
+def test_bad_ablation_switch_names_the_field():
+  for arg, field in [("decay=linear", "config.loss.feature_decay='linear'")]:
+    config = _config(f"configs/vits_cifar100.py:mode=joint,{arg}")
+    with pytest.raises(ValueError, match=field):
+      configlib.validate(config)
+  with pytest.raises(ValueError, match="config.loss.adapt"):
+    configlib.validate(_config("configs/vits_cifar100.py:mode=joint,adapt=bilinear"))
+
+
+def _sweep(*args, cwd=REPO):
+  return subprocess.run(
+    [sys.executable, "-m", "vitboot_jax.tools.sweep", *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout
+
+
+def test_table_flag_prints_rows_paper_numbers_commands_and_ours():
+  """`--table=NAME` alone (the configs' pointer) lists every run: runnable from the repo root."""
+  out = _sweep("--table=cifar100", "--override=--config.data.dir=/data/tfds dir")
+  lines = out.splitlines()
+  assert "run the commands from the repository root" in lines[0]
+  commands = [line for line in lines if "vitboot_jax.main" in line and not line.startswith("|")]
+  assert len(commands) == len(sweep.runs(sweep.rows("cifar100")))
+  for line in commands:
+    argv = shlex.split(line)
+    assert argv[:3] == ["python", "-m", "vitboot_jax.main"], line
+    flags = dict(arg.split("=", 1) for arg in argv[3:])
+    assert (REPO / flags["--config"].split(":")[0]).is_file(), line
+    assert flags["--workdir"].startswith("workdirs/cifar100/")  # Relative to the repo root.
+    assert flags["--config.data.dir"] == "/data/tfds dir"  # Quoted: one argument.
+  assert "# Ours-Joint S (authors' code): paper top-1 agent 74.06, ViT 76.19" in lines
+  assert "| Ours-Joint S | ViT | authors' code | 76.19 | not run |" in out
+
+
+def test_markdown_flag_prints_the_paper_table():
+  out = _sweep("--table=ablation", "--markdown")
+  assert out == paper_results.markdown("ablation")
+
+
+def test_paper_tables_take_no_epochs():
+  with pytest.raises(ValueError, match="num_epochs"):
+    sweep.settings(sweep.TABLES["cifar10"], epochs=3)
