@@ -77,9 +77,8 @@ def subset_indices(
   without `file_names`: in the split's canonical order, which for an image folder is the same),
   are permuted with `np.random.default_rng(seed=c)` and the first round(n_c * fraction) kept.
   The permutation does not depend on `fraction`, so smaller subsets are nested in larger ones.
+  `fraction` is in (0, 1] (configlib.validate); one that keeps no example is refused here.
   """
-  if not 0.0 < fraction <= 1.0:
-    raise ValueError(f"config.data.train_fraction={fraction} must be in (0, 1]")
   labels = np.asarray(labels, np.int64)
   if labels.size and labels.min() < 0:
     raise ValueError(f"labels must be non-negative class indices, got {labels.min()}")
