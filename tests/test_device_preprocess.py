@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vitboot_jax import configlib, device_preprocess, evaluate, input_pipeline, preprocess, steps
+from vitboot_jax import (
+  configlib,
+  device_preprocess,
+  evaluate,
+  input_pipeline,
+  optim,
+  preprocess,
+  steps,
+)
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 
@@ -78,7 +86,7 @@ def test_steps_take_uint8_batches():
   configlib.set_agent_stem(config, "small")
   config.model.patch_size = 16
   models = build_models(config)
-  tx, schedule = steps.make_optimizer(config, models, steps_per_epoch=4)
+  tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
   state = jax.eval_shape(lambda: create_state(models, tx, jax.random.key(0), (64, 64, 3)))
   shape, dtype = device_preprocess.shipped_image(config)
   assert (shape, dtype) == ((32, 32, 3), jnp.uint8)

@@ -10,6 +10,7 @@ import optax
 import pytest
 
 from vitboot_jax import drloc
+from vitboot_jax.models import drloc_head
 
 # ---------------------------------------------------------------------------------------------
 # numpy references (float64, loops, no shared code with drloc.py)
@@ -124,8 +125,8 @@ def _jit_loss_cached(head, kwargs):
 
 
 def _head_and_params(variant, k, d, use_abs=True, hidden=32, seed=0):
-  head = drloc.make_head(variant, k, use_abs=use_abs, hidden=hidden)
-  return head, drloc.init_head(head, jax.random.key(seed), d)
+  head = drloc_head.make_head(variant, k, use_abs=use_abs, hidden=hidden)
+  return head, drloc_head.init_head(head, jax.random.key(seed), d)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,7 +136,7 @@ def _head_and_params(variant, k, d, use_abs=True, hidden=32, seed=0):
 def test_tokens_to_grid_drops_cls_row_major():
   b, k, d = 2, 5, 3
   tokens = np.random.default_rng(0).normal(size=(b, 1 + k * k, d)).astype(np.float32)
-  grid = np.asarray(drloc.tokens_to_grid(jnp.asarray(tokens)))
+  grid = np.asarray(drloc_head.tokens_to_grid(jnp.asarray(tokens)))
   assert grid.shape == (b, k, k, d)
   for bb in range(b):
     for t in range(k * k):
@@ -143,18 +144,18 @@ def test_tokens_to_grid_drops_cls_row_major():
   # The cls token is nowhere in the grid.
   for bb in range(b):
     assert not np.any(np.all(grid[bb] == tokens[bb, 0], axis=-1))
-  no_cls = drloc.tokens_to_grid(jnp.asarray(tokens[:, 1:]), has_cls=False)
+  no_cls = drloc_head.tokens_to_grid(jnp.asarray(tokens[:, 1:]), has_cls=False)
   np.testing.assert_array_equal(np.asarray(no_cls), grid)
-  rect = drloc.tokens_to_grid(jnp.zeros((1, 1 + 12, 2)), grid_hw=(3, 4))
+  rect = drloc_head.tokens_to_grid(jnp.zeros((1, 1 + 12, 2)), grid_hw=(3, 4))
   assert rect.shape == (1, 3, 4, 2)
   with pytest.raises(ValueError, match="square"):
-    drloc.tokens_to_grid(jnp.zeros((1, 1 + 12, 2)))
+    drloc_head.tokens_to_grid(jnp.zeros((1, 1 + 12, 2)))
 
 
 def test_pool_grid_matches_reference():
   rng = np.random.default_rng(1)
   g14 = rng.normal(size=(2, 14, 14, 3)).astype(np.float32)
-  out = np.asarray(drloc.pool_grid(jnp.asarray(g14)))
+  out = np.asarray(drloc_head.pool_grid(jnp.asarray(g14)))
   assert out.shape == (2, 7, 7, 3)
   np.testing.assert_allclose(out, ref_pool(g14), rtol=1e-5, atol=1e-6)
   # Interior cell = plain 3x3 mean; corner = mean of the 4 valid cells (count_include_pad=False).
@@ -162,14 +163,14 @@ def test_pool_grid_matches_reference():
   np.testing.assert_allclose(out[0, 0, 0], g14[0, 0:2, 0:2].mean((0, 1)), rtol=1e-5, atol=1e-6)
   # auto: 8 unchanged, 16 -> 8, 28 -> 14 -> 7; always halves once; none is identity.
   g8 = jnp.asarray(rng.normal(size=(1, 8, 8, 2)), jnp.float32)
-  np.testing.assert_array_equal(np.asarray(drloc.pool_grid(g8)), np.asarray(g8))
-  assert drloc.pool_grid(jnp.zeros((1, 16, 16, 2))).shape == (1, 8, 8, 2)
-  assert drloc.pool_grid(jnp.zeros((1, 28, 28, 2))).shape == (1, 7, 7, 2)
-  assert drloc.pool_grid(g8, "always").shape == (1, 4, 4, 2)
+  np.testing.assert_array_equal(np.asarray(drloc_head.pool_grid(g8)), np.asarray(g8))
+  assert drloc_head.pool_grid(jnp.zeros((1, 16, 16, 2))).shape == (1, 8, 8, 2)
+  assert drloc_head.pool_grid(jnp.zeros((1, 28, 28, 2))).shape == (1, 7, 7, 2)
+  assert drloc_head.pool_grid(g8, "always").shape == (1, 4, 4, 2)
   np.testing.assert_allclose(
-    np.asarray(drloc.pool_grid(g8, "always")), ref_pool(g8), rtol=1e-5, atol=1e-6
+    np.asarray(drloc_head.pool_grid(g8, "always")), ref_pool(g8), rtol=1e-5, atol=1e-6
   )
-  assert drloc.pool_grid(jnp.zeros((1, 14, 14, 2)), "none").shape == (1, 14, 14, 2)
+  assert drloc_head.pool_grid(jnp.zeros((1, 14, 14, 2)), "none").shape == (1, 14, 14, 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ def test_targets_hand_case():
   np.testing.assert_allclose(t(use_abs=False, normalize="code"), [0.0, 1.0])
   assert np.asarray(drloc.class_targets(p1, p2, 7))[0, 0].tolist() == [6, 6]
   assert np.asarray(drloc.class_targets(p1, p2, 7, use_abs=False))[0, 0].tolist() == [0, 12]
-  assert drloc.num_offset_classes(7) == 7 and drloc.num_offset_classes(7, False) == 13
+  assert drloc_head.num_offset_classes(7) == 7 and drloc_head.num_offset_classes(7, False) == 13
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,13 +259,13 @@ def test_head_shapes():
   d, k = 16, 7
   e = jax.ShapeDtypeStruct((2, 5, d), jnp.float32)
   shapes = lambda head: jax.eval_shape(head.init, jax.random.key(0), e, e)["params"]
-  head = drloc.make_head("l1")
+  head = drloc_head.make_head("l1")
   params = shapes(head)
   assert jax.eval_shape(head.apply, {"params": params}, e, e).shape == (2, 5, 2)
   assert params["fc1"]["kernel"].shape == (2 * d, 512)
   assert params["fc2"]["kernel"].shape == (512, 512)
   assert params["out"]["kernel"].shape == (512, 2)
-  head = drloc.make_head("ce", k, use_abs=False)
+  head = drloc_head.make_head("ce", k, use_abs=False)
   params = shapes(head)
   assert jax.eval_shape(head.apply, {"params": params}, e, e).shape == (2, 5, 2, 13)
   assert set(params) == {"fc1", "fc2", "fc3", "out_u", "out_v"}
@@ -318,7 +319,7 @@ def test_l1_abs_invariant_to_swapping_pairs_targets():
 
 def _exact_offset_head(k, hidden=8, use_abs=True):
   """Hand-built f on embeddings e_ij = (i, j): outputs exactly |Delta| or Delta + (k-1)."""
-  head = drloc.DrLocHead(variant="l1", hidden=hidden)
+  head = drloc_head.DrLocHead(variant="l1", hidden=hidden)
   w1 = np.zeros((4, hidden), np.float32)  # Input [i, j, p, h].
   b1 = np.zeros(hidden, np.float32)
   w3 = np.zeros((hidden, 2), np.float32)
@@ -362,7 +363,7 @@ def test_ce_uniform_logits_is_two_log_c():
       params[name] = jax.tree.map(lambda x: np.zeros(x.shape, np.float32), params[name])
     grid = _normal(12, (2, k, k, d))
     loss = _jit_loss(head, use_abs=use_abs)(params, grid, jax.random.key(13))
-    c = drloc.num_offset_classes(k, use_abs)
+    c = drloc_head.num_offset_classes(k, use_abs)
     np.testing.assert_allclose(float(loss), 2 * math.log(c), rtol=1e-6)
 
 
@@ -377,7 +378,7 @@ def test_gradient_only_at_sampled_positions_and_never_cls():
   head, params = _head_and_params("l1", k, d)
   tokens = _normal(14, (b, 1 + k * k, d))
   rng = jax.random.key(15)
-  loss = lambda t: drloc.drloc_loss(head, params, drloc.tokens_to_grid(t), rng, num_pairs=m)
+  loss = lambda t: drloc.drloc_loss(head, params, drloc_head.tokens_to_grid(t), rng, num_pairs=m)
   g = np.asarray(jax.jit(jax.grad(loss))(tokens))
   assert np.all(g[:, 0] == 0)
   p1, p2 = drloc.sample_pairs(rng, b, k, m)
@@ -400,15 +401,15 @@ def test_defaults():
 
 def test_loss_falls_when_training_head_and_tokens():
   b, k_tokens, d, steps = 2, 14, 32, 100
-  head = drloc.make_head("l1")  # Default: 512 hidden units, |Delta| targets, m = 64.
+  head = drloc_head.make_head("l1")  # Default: 512 hidden units, |Delta| targets, m = 64.
   key_tok, key_head, key_pairs = jax.random.split(jax.random.key(17), 3)
   params = {
     "tokens": jax.random.normal(key_tok, (b, 1 + k_tokens * k_tokens, d)),
-    "head": drloc.init_head(head, key_head, d),
+    "head": drloc_head.init_head(head, key_head, d),
   }
 
   def loss_fn(p, rng):
-    grid = drloc.pool_grid(drloc.tokens_to_grid(p["tokens"]))  # 14x14 -> 7x7.
+    grid = drloc_head.pool_grid(drloc_head.tokens_to_grid(p["tokens"]))  # 14x14 -> 7x7.
     return drloc.drloc_loss(head, p["head"], grid, rng)
 
   opt = optax.adam(3e-3)
@@ -422,7 +423,7 @@ def test_loss_falls_when_training_head_and_tokens():
   @jax.jit
   def eval_loss(p):
     # A fixed, larger draw, so the comparison is not pair-sampling noise.
-    grid = drloc.pool_grid(drloc.tokens_to_grid(p["tokens"]))
+    grid = drloc_head.pool_grid(drloc_head.tokens_to_grid(p["tokens"]))
     return drloc.drloc_loss(head, p["head"], grid, jax.random.key(99), num_pairs=1024)
 
   opt_state = opt.init(params)

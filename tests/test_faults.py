@@ -198,7 +198,7 @@ def test_non_finite_loss_stops_before_saving_it(image_folder, tmp_path, monkeypa
 
     return step
 
-  monkeypatch.setattr(train.steps, "make_train_step", poisoned)
+  monkeypatch.setattr(steps, "make_train_step", poisoned)
   workdir = tmp_path / "nan"
   with pytest.raises(train.NonFiniteError) as info:
     train.train_and_evaluate(_tiny_config(image_folder), str(workdir))

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from vitboot_jax import init_from, sharding, steps
+from vitboot_jax import init_from, optim, sharding
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 
@@ -24,7 +24,7 @@ def _config(arg):
 
 def _fresh_state(config):
   models = build_models(config)
-  tx, _ = steps.make_optimizer(config, models, steps_per_epoch=10)
+  tx, _ = optim.mode_optimizer(config, models.names, steps_per_epoch=10)
   init = functools.partial(create_state, models, tx, image_shape=(32, 32, 3))
   state = jax.jit(init)(jax.random.key(0))
   shardings = jax.tree.map(lambda _: sharding.replicated(sharding.make_mesh()), state)
@@ -45,7 +45,7 @@ def test_initialise_replaces_only_the_vit(mode, tmp_path):
   source = {k: v + 1.0 for k, v in _flat(state.params["vit"]).items()}
   np.savez(tmp_path / "vit.npz", **{"params/vit/" + k: v for k, v in source.items()})
   config.init_from = str(tmp_path / "vit.npz")
-  new = init_from.initialise(state, config, models, tx, shardings)
+  new = init_from.initialise(state, config, tx, shardings)
   got = _flat(new.params["vit"])
   assert got.keys() == source.keys()
   for key, value in source.items():
@@ -73,7 +73,7 @@ def test_initialise_refuses_what_it_cannot_do(arg, init_from_value, message):
   state, models, tx, shardings = _fresh_state(config)
   config.init_from = init_from_value
   with pytest.raises(ValueError, match=message):
-    init_from.initialise(state, config, models, tx, shardings)
+    init_from.initialise(state, config, tx, shardings)
 
 
 def test_fine_tune_run_starts_from_a_pre_training_run(tmp_path, monkeypatch):

@@ -217,7 +217,7 @@ def test_subset_indices_are_official_balanced_and_nested():
   np.testing.assert_array_equal(input_pipeline.subset_indices(labels, 1.0), np.arange(500))
 
 
-@pytest.mark.parametrize("fraction", [0.0, -0.1, 1.5, 0.001])
+@pytest.mark.parametrize("fraction", [0.0, -0.1, 0.001])
 def test_subset_indices_reject_bad_fractions(fraction):
   with pytest.raises(ValueError, match="config.data.train_fraction"):
     input_pipeline.subset_indices(np.array([0, 0, 1, 1, 2]), fraction)
@@ -251,7 +251,7 @@ def test_errors(folder, tmp_path):
   with pytest.raises(ValueError, match="set --config.data.num_classes=3"):
     input_pipeline.dataset_info(make_config(folder, num_classes=10))
   with pytest.raises(ValueError, match="config.data.train_fraction"):
-    input_pipeline.dataset_info(make_config(folder, train_fraction=1.5))
+    configlib.validate(make_config(folder, train_fraction=1.5))  # Checked once, at entry.
   with pytest.raises(ValueError, match="config.batch_size=6 .* multiple of 4"):
     input_pipeline.train_batches(make_config(folder), process_index=0, process_count=4)
   with pytest.raises(ValueError, match="config.data.eval_batch_size"):

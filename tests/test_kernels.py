@@ -1,5 +1,6 @@
 """The kernel seam: which set a mesh gets, and the xla set's plain ops."""
 
+import ast
 import pathlib
 
 import jax
@@ -46,6 +47,23 @@ def test_model_code_has_no_backend_logic():
     text = path.read_text()
     for name in ("default_backend", "device_count", "local_device_count"):
       assert name not in text, f"{path.name} uses jax.{name}"
+
+
+def test_models_import_nothing_from_the_top_level_package():
+  # models/ is the bottom layer: configs, losses and the trainer use it, never the reverse.
+  for path in sorted(MODELS.glob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        modules = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        assert node.level == 0, f"{path.name}: relative import"
+        base = node.module or ""
+        modules = [f"{base}.{a.name}" for a in node.names] if base == "vitboot_jax" else [base]
+      else:
+        continue
+      for module in modules:
+        inside = module == "vitboot_jax.models" or module.startswith("vitboot_jax.models.")
+        assert inside or not module.startswith("vitboot_jax"), f"{path.name} imports {module}"
 
 
 def test_xla_bf16_products_sum_in_float32_with_jax_derivatives():

@@ -9,7 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from vitboot_jax import steps
+from vitboot_jax import optim, steps, trainer
+from vitboot_jax.models import sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 
@@ -39,11 +40,10 @@ def batch_of(n=8, size=32, classes=10, seed=0):
 
 def make(config):
   models = build_models(config)
-  tx, schedule = steps.make_optimizer(config, models, steps_per_epoch=4)
+  tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
   image_shape = (config.image_size, config.image_size, 3)
   state = create_state(models, tx, jax.random.key(0), image_shape)
-  if models.attention_init:
-    state = state.replace(params=models.post_init(state.params, jax.random.key(1)))
+  state = state.replace(params=trainer.attention_post_init(config, state.params, jax.random.key(1)))
   step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=4)
   return models, tx, state, step
 
@@ -108,7 +108,7 @@ def test_drloc_head_is_trained_and_private_to_its_model():
   norm = lambda t: float(optax.global_norm(t))
   assert norm(grads["vit"]["drloc_vit"]) > 0 and norm(grads["agent"]["drloc_vit"]) == 0
   assert norm(grads["agent"]["drloc_agent"]) > 0 and norm(grads["vit"]["drloc_agent"]) == 0
-  mask = models.shared_mask(state.params)
+  mask = sharing.shared_mask(state.params)
   assert max(float(m.max()) for m in jax.tree.leaves(mask["drloc_vit"])) == 0.0
 
 
@@ -125,7 +125,7 @@ def test_cnn_baseline_configs_build_a_train_step(name):
   assert config.optim.name == "sgd" and config.optim.momentum == 0.0 and config.optim.lr == 0.05
   models = build_models(config)
   assert models.names == ("cnn",)
-  tx, schedule = steps.make_optimizer(config, models, steps_per_epoch=10)
+  tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=10)
   step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=10)
   image_shape = (config.image_size, config.image_size, 3)
   state = jax.eval_shape(lambda r: create_state(models, tx, r, image_shape), jax.random.key(0))
@@ -143,7 +143,7 @@ def test_cnn_baseline_configs_build_a_train_step(name):
 def test_paper_configs_build_with_switches(switch):
   config = load_config("vits_cifar100", f"mode=shared,{switch}")
   models = build_models(config)
-  tx, schedule = steps.make_optimizer(config, models, steps_per_epoch=10)
+  tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=10)
   step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=10)
   state = jax.eval_shape(lambda r: create_state(models, tx, r, (224, 224, 3)), jax.random.key(0))
   batch = {

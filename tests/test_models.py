@@ -11,6 +11,7 @@ import pytest
 from vitboot_jax import configlib
 from vitboot_jax.models import agent as agent_lib
 from vitboot_jax.models import kernels as kernels_lib
+from vitboot_jax.models import sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.tools.summary import summarise
 
@@ -167,13 +168,34 @@ def test_sharing_is_literal():
 
 def test_shared_mask_marks_exactly_the_tied_entries():
   models, variables, _ = _tiny()
-  mask = models.shared_mask(variables["params"])
+  mask = sharing.shared_mask(variables["params"])
   qkv = mask["vit"]["block_0"]["attn"]["qkv"]
   np.testing.assert_array_equal(np.asarray(qkv["kernel"])[0], np.repeat([0.0, 0.0, 1.0], 36))
   assert float(qkv["bias"].sum()) == 0.0
   assert float(mask["vit"]["block_1"]["mlp"]["fc2"]["bias"].min()) == 1.0
   assert float(mask["vit"]["cls"].max()) == 0.0
   assert all(float(m.max()) == 0.0 for m in jax.tree.leaves(mask["agent"]))
+
+
+def test_shared_mask_is_what_the_agent_reads():
+  # The mask (models/sharing.py) and the agent's reads of the ViT's tree must name the same
+  # entries: a rename in vit.py that only one of them follows fails here.
+  models, variables, images = _tiny()
+
+  def agent_output(vit_params):
+    params = {**variables["params"], "vit": vit_params}
+    return jnp.sum(_agent_logits(models, {**variables, "params": params}, images) ** 2)
+
+  grad = jax.grad(agent_output)(variables["params"]["vit"])
+  mask = sharing.shared_mask(variables["params"])["vit"]
+  paths = jax.tree_util.tree_leaves_with_path(grad)
+  for (path, g), m in zip(paths, jax.tree.leaves(mask)):
+    read = np.abs(np.asarray(g)) > 0
+    marked = np.broadcast_to(np.asarray(m), g.shape) > 0
+    name = jax.tree_util.keystr(path)
+    assert not (read & ~marked).any(), f"the agent reads {name} outside the mask"
+    assert read[marked].any() if marked.any() else True, f"the mask marks {name}, never read"
+  assert any(float(np.max(m)) > 0 for m in jax.tree.leaves(mask))
 
 
 def test_joint_agent_is_independent():
@@ -239,7 +261,7 @@ def test_bad_config_names_the_field(field, value, message):
   group, key = field.split(".") if "." in field else (None, field)
   (config[group] if group else config)[key] = value
   with pytest.raises(ValueError, match=message):
-    build_models(config)
+    configlib.validate(config)  # Once, at the entry point (train.py, the tools).
 
 
 def test_even_window_heads_need_centered_taps():

@@ -11,8 +11,8 @@ import optax
 import pytest
 
 from tests import golden
-from vitboot_jax import sharding, steps
-from vitboot_jax.models import convert
+from vitboot_jax import optim, sharding, steps
+from vitboot_jax.models import convert, sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 
@@ -48,7 +48,7 @@ def batch_of(n=8, seed=0, size=32, classes=10):
 def setup(mode="shared", **updates):
   config = tiny_config(mode, **updates)
   models = build_models(config)
-  tx, schedule = steps.make_optimizer(config, models, steps_per_epoch=4)
+  tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
   state = create_state(models, tx, jax.random.key(0), (32, 32, 3))
   step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=4)
   return config, models, tx, state, step
@@ -136,7 +136,7 @@ def test_shared_update_is_algorithm_1():
   config, models, tx, state, step = setup("shared", **{"optim.eps": 1e-3})
   batch = batch_of()
   grads, _, _ = gradients(config, models, state, batch, weight=1.0)
-  mask = models.shared_mask(state.params)
+  mask = sharing.shared_mask(state.params)
   g_v, g_a = _flat(grads["vit"], mask), _flat(grads["agent"], mask)
   expected_shared = (g_v + _np_pcgrad(g_a, g_v)) / 2
 

@@ -228,8 +228,10 @@ def _captured_attention(config, variables, images):
 
 @pytest.mark.parametrize("attention", ["softmax", "entmax"])
 def test_attention_from_block_inputs_matches_the_forward(image_folder, fresh, attention):
+  from vitboot_jax.models.build import build_models
+
   config = visualize._inspection_config(_config(image_folder, attention=attention))
-  models = visualize.build_models(config)
+  models = build_models(config)
   variables = jax.tree.map(np.asarray, fresh[2])
   if attention == "entmax":  # The softmax tree plus one alpha per layer, away from its init.
     for i in range(LAYERS):

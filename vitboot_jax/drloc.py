@@ -2,13 +2,14 @@
 
 Per image, m random pairs of cells of the final k x k token grid are fed (concatenated) to a small
 MLP f that regresses (or classifies) their 2-D offset. The loss teaches each token where it sits,
-which a ViT trained on a small data set otherwise learns slowly (reference §A).
+which a ViT trained on a small data set otherwise learns slowly (reference §A). The grid and f are
+part of the model (models/drloc_head.py); this file samples the pairs and scores f's predictions.
 
 Pipeline, all pure functions usable under `jax.jit` (shapes are static):
 
-  grid = pool_grid(tokens_to_grid(tokens))       # [B, k, k, d]; or a CNN NHWC map as is
+  grid = setting.grid(out)                        # [B, k, k, d], pooled (models/drloc_head.py)
   loss = drloc_loss(head, head_params, grid, rng) # scalar, mean over B * m pairs
-  total = ce + lam * loss                         # lam applied by the caller (DEFAULT_LAMBDA)
+  total = ce + lam * loss                         # lam applied by steps.model_loss
 
 Conventions follow the released code (reference §A.2, §D.4): unnormalised absolute offsets
 |Delta| in {0..k-1} and mean reduction, which is what its lambda values were tuned with.
@@ -17,21 +18,18 @@ Conventions follow the released code (reference §A.2, §D.4): unnormalised abso
 from __future__ import annotations
 
 import functools
-import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
-from flax import linen as nn
 
-from vitboot_jax.models import common
+from vitboot_jax.models.drloc_head import DrLocHead, DrLocSetting, num_offset_classes
 
 # m: pairs per image (paper §5.1 Tab. 2a and the code's argparse default; `config.py`'s 32 is
 # overridden).
 DEFAULT_NUM_PAIRS = 64
-# Hidden width of f (paper Supp. F Tab. 15/16: 512 beat 256 and 1024).
-DEFAULT_HIDDEN = 512
 # lambda in L_tot = L_ce + lambda * L_drloc, per architecture (paper §4 and Supp. C). These were
 # tuned with the code's unnormalised targets (normalize="none"); with "paper" targets the L1 loss
 # is k times smaller. ResNet is not stated in the paper. Our plain ViT is closest to "vit".
@@ -40,62 +38,10 @@ DEFAULT_LAMBDA = {"swin": 0.5, "t2t": 0.1, "cvt": 0.1, "vit": 0.01}
 REG_ALPHA = 1e-3
 # Added to sigma^2 before the log / division in "reg", as the code's EPSILON.
 REG_EPS = 1e-8
-# Grids at least this large are pooled under pool_grid(mode="auto") (14x14 -> 7x7, reference §A.6).
-AUTO_POOL_MIN_SIZE = 14
-
-VARIANTS = ("l1", "ce", "reg")
+# The train step draws model i's pairs from fold_in(step_rng, RNG_STREAM + i); the dropout masks
+# use fold_in(step_rng, i) (ModelSet.apply), so the two never share a key.
+RNG_STREAM = 1000
 NORMALIZATIONS = ("none", "code", "paper")
-
-
-# ---------------------------------------------------------------------------------------------
-# Grid extraction (reference §A.6)
-
-
-def tokens_to_grid(
-  tokens: jax.Array, *, has_cls: bool = True, grid_hw: tuple[int, int] | None = None
-) -> jax.Array:
-  """[B, (1+)N, D] token sequence -> [B, h, w, D] grid in row-major patch order.
-
-  The cls token (index 0) carries no position, so it never enters the localisation task.
-  """
-  if has_cls:
-    tokens = tokens[:, 1:]
-  b, n, d = tokens.shape
-  if grid_hw is None:
-    side = math.isqrt(n)
-    if side * side != n:
-      raise ValueError(f"{n} patch tokens do not form a square grid; pass grid_hw")
-    grid_hw = (side, side)
-  h, w = grid_hw
-  if h * w != n:
-    raise ValueError(f"grid_hw={grid_hw} does not hold {n} patch tokens")
-  return tokens.reshape(b, h, w, d)
-
-
-def _pool_once(grid: jax.Array) -> jax.Array:
-  # The code's AvgPool2d(3, stride=2, padding=1, count_include_pad=False): 14 -> 7, 16 -> 8.
-  return nn.avg_pool(
-    grid, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)), count_include_pad=False
-  )
-
-
-def pool_grid(
-  grid: jax.Array, mode: str = "auto", *, min_size: int = AUTO_POOL_MIN_SIZE
-) -> jax.Array:
-  """Parameter-free pooling of an NHWC grid on the DrLoc branch only.
-
-  Finer grids made L_drloc converge very slowly (paper §4.1), so "auto" halves the grid while
-  its side is >= `min_size` (14 -> 7, 16 -> 8, 8 stays 8). "always" halves once; "none" skips.
-  """
-  if mode == "none":
-    return grid
-  if mode == "always":
-    return _pool_once(grid)
-  if mode == "auto":
-    while min(grid.shape[1], grid.shape[2]) >= min_size:
-      grid = _pool_once(grid)
-    return grid
-  raise ValueError(f"drloc pool mode {mode!r} is unknown; choose 'auto', 'always' or 'none'")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,14 +93,6 @@ def targets(
   return t
 
 
-def num_offset_classes(grid_size: int, use_abs: bool = True) -> int:
-  """Classes of one axis for "ce"/"reg": k values of |Delta|, or 2k-1 signed ones.
-
-  (The paper's "2k+1" over-counts; the code's out_dim = k gives k or 2k-1.)
-  """
-  return grid_size if use_abs else 2 * grid_size - 1
-
-
 def class_targets(
   p1: jax.Array, p2: jax.Array, grid_size: int, *, use_abs: bool = True
 ) -> jax.Array:
@@ -165,70 +103,6 @@ def class_targets(
 
 # ---------------------------------------------------------------------------------------------
 # The localisation MLP f (reference §A.3)
-
-
-class DrLocHead(nn.Module):
-  """f([e_p1, e_p2]): Dense-ReLU-Dense-ReLU-Dense on the concatenated pair embeddings.
-
-  "l1": 2 outputs (d_u, d_v), no output nonlinearity. "ce"/"reg": as the released code, a third
-  512 -> 512 layer (no ReLU) then two unshared Dense(num_classes) heads; returns logits
-  [..., 2, C] (axis -2 = u, v); the softmax lives in the loss. Initialisers are PyTorch's
-  nn.Linear default, as the official module.
-  """
-
-  variant: str = "l1"
-  num_classes: int | None = None
-  hidden: int = DEFAULT_HIDDEN
-  dtype: Any = jnp.float32
-
-  def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
-    init = common.torch_linear_default(fan_in)
-    return nn.Dense(features, kernel_init=init, bias_init=init, dtype=self.dtype, name=name)
-
-  @nn.compact
-  def __call__(self, e1: jax.Array, e2: jax.Array) -> jax.Array:
-    if self.variant not in VARIANTS:
-      raise ValueError(f"drloc variant {self.variant!r} is unknown; choose one of {VARIANTS}")
-    x = jnp.concatenate([e1, e2], axis=-1)
-    h = self.hidden
-    x = nn.relu(self._dense(h, x.shape[-1], "fc1")(x))
-    x = nn.relu(self._dense(h, h, "fc2")(x))
-    if self.variant == "l1":
-      return self._dense(2, h, "out")(x).astype(jnp.float32)
-    if not self.num_classes:
-      raise ValueError(f"drloc variant {self.variant!r} needs num_classes (num_offset_classes)")
-    x = self._dense(h, h, "fc3")(x)
-    u = self._dense(self.num_classes, h, "out_u")(x)
-    v = self._dense(self.num_classes, h, "out_v")(x)
-    return jnp.stack([u, v], axis=-2).astype(jnp.float32)
-
-
-def make_head(
-  variant: str = "l1",
-  grid_size: int | None = None,
-  *,
-  use_abs: bool = True,
-  hidden: int = DEFAULT_HIDDEN,
-  dtype: Any = jnp.float32,
-) -> DrLocHead:
-  """A DrLocHead whose class count matches the (pooled) grid for "ce"/"reg"."""
-  num_classes = None
-  if variant in ("ce", "reg"):
-    if grid_size is None:
-      raise ValueError(f"drloc variant {variant!r} needs the grid size for its class count")
-    num_classes = num_offset_classes(grid_size, use_abs)
-  return DrLocHead(variant=variant, num_classes=num_classes, hidden=hidden, dtype=dtype)
-
-
-def init_head(head: DrLocHead, rng: jax.Array, embed_dim: int) -> Any:
-  """The head's params for embeddings of width `embed_dim` (independent of B, m and k)."""
-  dummy = jnp.zeros((1, 1, embed_dim), jnp.float32)
-  return _jit_init(head, rng, dummy)["params"]
-
-
-# One compiled init per head configuration (modules are hashable) instead of dozens of eagerly
-# dispatched ops on every call.
-_jit_init = jax.jit(lambda head, rng, x: head.init(rng, x, x), static_argnums=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,4 +176,25 @@ def drloc_loss(
   p1, p2 = sample_pairs(rng, grid.shape[0], grid.shape[1], num_pairs)
   return drloc_loss_from_pairs(
     head, params, grid, p1, p2, use_abs=use_abs, normalize=normalize, reg_alpha=reg_alpha
+  )
+
+
+class Task(NamedTuple):
+  """One model's DrLoc task in a train step: its setting, its head's params, this step's rng."""
+
+  setting: DrLocSetting
+  head_params: Any
+  rng: jax.Array
+
+
+def model_loss(task: Task, out: dict[str, Any], cfg: ml_collections.ConfigDict) -> jax.Array:
+  """L_drloc (before lambda) of one model from its forward's `out`; `cfg` is config.drloc."""
+  return drloc_loss(
+    task.setting.head,
+    task.head_params,
+    task.setting.grid(out),
+    task.rng,
+    num_pairs=cfg.num_pairs,
+    use_abs=cfg.use_abs,
+    normalize=cfg.normalize,
   )

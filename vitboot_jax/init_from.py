@@ -22,8 +22,7 @@ from absl import logging
 from etils import epath
 
 from vitboot_jax import checkpoint
-from vitboot_jax.models import pretrained
-from vitboot_jax.models.build import ModelSet
+from vitboot_jax.models import attention_init, pretrained
 from vitboot_jax.state import TrainState
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin")
@@ -128,7 +127,6 @@ def read_vit_params(path: str) -> dict[str, Any]:
 def initialise(
   state: TrainState,
   config: ml_collections.ConfigDict,
-  models: ModelSet,
   tx: optax.GradientTransformation,
   state_sharding: TrainState,
 ) -> TrainState:
@@ -139,7 +137,7 @@ def initialise(
       f"config.init_from initialises the ViT, but mode {config.mode!r} trains none; use mode "
       "vit, joint or shared, or drop config.init_from"
     )
-  if models.attention_init:
+  if config.model.init in attention_init.SCHEMES:
     raise ValueError(
       f"config.model.init={config.model.init!r} would be overwritten by config.init_from; set "
       "--config.model.init=official (or standard) when fine-tuning"

@@ -77,9 +77,8 @@ def subset_indices(
   without `file_names`: in the split's canonical order, which for an image folder is the same),
   are permuted with `np.random.default_rng(seed=c)` and the first round(n_c * fraction) kept.
   The permutation does not depend on `fraction`, so smaller subsets are nested in larger ones.
+  `fraction` is in (0, 1] (configlib.validate); one that keeps no example is refused here.
   """
-  if not 0.0 < fraction <= 1.0:
-    raise ValueError(f"config.data.train_fraction={fraction} must be in (0, 1]")
   labels = np.asarray(labels, np.int64)
   if labels.size and labels.min() < 0:
     raise ValueError(f"labels must be non-negative class indices, got {labels.min()}")
@@ -381,6 +380,18 @@ def split_labels(config: ml_collections.ConfigDict, split: str) -> np.ndarray:
   return _source(config).labels(split)
 
 
+def _steps_per_epoch(config: ml_collections.ConfigDict, num_train: int) -> int:
+  """Full batches per epoch (the official drop_last); at least one, or the batch is too large."""
+  steps = num_train // config.batch_size
+  if steps == 0:
+    raise ValueError(
+      f"config.batch_size={config.batch_size} is larger than the {num_train} training examples "
+      f"(config.data.train_fraction={config.data.train_fraction}); use a smaller batch or a "
+      "larger fraction"
+    )
+  return steps
+
+
 def dataset_info(config: ml_collections.ConfigDict) -> DatasetInfo:
   source = _source(config)
   if config.data.train_fraction == 1.0:
@@ -391,7 +402,7 @@ def dataset_info(config: ml_collections.ConfigDict) -> DatasetInfo:
     num_train_examples=num_train,
     num_eval_examples=source.count(config.data.eval_split),
     num_classes=len(source.class_names),
-    steps_per_epoch=num_train // config.batch_size,
+    steps_per_epoch=_steps_per_epoch(config, num_train),
     class_names=source.class_names,
   )
 
@@ -418,12 +429,7 @@ def train_dataset(
     keep = _train_subset(source, config)
     num = len(keep)
     base = source.examples(split, keep)
-  steps = num // glob
-  if steps == 0:
-    raise ValueError(
-      f"config.batch_size={glob} is larger than the {num} training examples "
-      f"(config.data.train_fraction={config.data.train_fraction}); use a smaller batch"
-    )
+  steps = _steps_per_epoch(config, num)
   start_epoch, skip_steps = divmod(start_step, steps)
 
   fetch = source.fetch

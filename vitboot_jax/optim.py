@@ -8,10 +8,12 @@ biases/norms/embeddings, torch-style SGD for the CNN baselines) are one config f
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -124,3 +126,18 @@ def make_optimizer(
     stages.append(optax.clip_by_global_norm(optim_cfg.clip_norm))
   stages.append(opt)
   return optax.chain(*stages), schedule
+
+
+def mode_optimizer(
+  config: ml_collections.ConfigDict, names: Sequence[str], steps_per_epoch: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """`make_optimizer` for a mode training the models `names` (ModelSet.names).
+
+  Joint mode gives each model its own copy of the chain (and its own clipping); every other mode
+  updates its one parameter tree with one chain.
+  """
+  tx, schedule = make_optimizer(config.optim, steps_per_epoch, config.num_epochs)
+  if config.mode == "joint":
+    labels = lambda params: {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()}
+    tx = optax.multi_transform({name: tx for name in names}, labels)
+  return tx, schedule

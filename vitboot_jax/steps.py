@@ -26,7 +26,8 @@ import ml_collections
 import optax
 
 from vitboot_jax import align as align_lib
-from vitboot_jax import device_preprocess, losses, optim
+from vitboot_jax import device_preprocess, drloc, losses
+from vitboot_jax.models import sharing
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
 
@@ -44,12 +45,14 @@ def model_loss(
   outputs: dict[str, Any],
   labels: jax.Array,
   feature_weight: jax.Array,
+  drloc_task: drloc.Task | None = None,
 ) -> tuple[jax.Array, Metrics]:
-  """The weighted loss of model `name` ("vit" or "agent") and its terms.
+  """The weighted loss of model `name` ("vit", "agent" or "cnn") and its terms.
 
   L_vit   = ce_vit CE + kd_vit KD(vit <- sg agent) + feature_vit w(t) sum_l feat_l(vit, sg agent)
   L_agent = ce_agent CE + kd_agent KD(agent <- sg vit)
-  Terms whose weight is 0, or whose partner model is absent, are left out.
+  plus drloc.weight L_drloc for a model with a `drloc_task`. Terms whose weight is 0, or whose
+  partner model is absent, are left out.
   """
   w = config.loss
   other = {"vit": "agent", "agent": "vit"}.get(name)  # CNN baselines have no partner.
@@ -72,9 +75,9 @@ def model_loss(
     terms["feature"] = feature
     terms.update({f"feature_{layer}": value for layer, value in enumerate(per_layer)})
     total += w.feature_vit * feature_weight * feature
-  if "drloc" in extras:
-    terms[f"drloc_{name}"] = extras["drloc"]
-    total += config.drloc.weight * extras["drloc"]
+  if drloc_task is not None:
+    terms[f"drloc_{name}"] = drloc.model_loss(drloc_task, extras, config.drloc)
+    total += config.drloc.weight * terms[f"drloc_{name}"]
   return total, terms
 
 
@@ -95,12 +98,7 @@ def model_gradients(
       out, stats = models.apply(
         {**variables, "params": params}, images, train=True, rng=rng, names=(name,)
       )
-      logits, extras = out[name]
-      if name in models.drloc:  # Part of the forward, so its head's gradient comes back too.
-        drloc_rng = jax.random.fold_in(rng, 1000 + models.names.index(name))
-        loss = models.drloc_loss(name, params, extras, drloc_rng, config.drloc)
-        extras = {**extras, "drloc": loss}
-      return (logits, extras), stats.get(name)
+      return out[name], stats.get(name)
 
     outputs[name], pullbacks[name], stats = jax.vjp(forward, variables["params"], has_aux=True)
     if stats is not None:
@@ -108,14 +106,25 @@ def model_gradients(
 
   grads, terms = {}, {}
   for name in models.names:
-    # The loss as a function of this model's own outputs; the partner's outputs are teachers.
-    def loss_of_own_output(own, name=name):
-      return model_loss(config, name, {**outputs, name: own}, labels, feature_weight)
+    head = f"drloc_{name}"
+    setting = models.drloc.get(name)
+    head_params = variables["params"][head] if setting else None
 
-    (loss, model_terms), cotangent = jax.value_and_grad(loss_of_own_output, has_aux=True)(
-      outputs[name]
-    )
+    # The loss as a function of this model's own outputs (and its DrLoc head, which the loss
+    # reads, not the forward); the partner's outputs are teachers.
+    def loss_of_own_output(own, head_params, name=name, setting=setting):
+      task = None
+      if setting:
+        task_rng = jax.random.fold_in(rng, drloc.RNG_STREAM + models.names.index(name))
+        task = drloc.Task(setting, head_params, task_rng)
+      return model_loss(config, name, {**outputs, name: own}, labels, feature_weight, task)
+
+    (loss, model_terms), (cotangent, head_grad) = jax.value_and_grad(
+      loss_of_own_output, argnums=(0, 1), has_aux=True
+    )(outputs[name], head_params)
     (grads[name],) = pullbacks[name](cotangent)
+    if setting:  # The forward never reads the head, so its pulled-back gradient is zero.
+      grads[name] = {**grads[name], head: head_grad}
     terms.update(model_terms)
     terms[f"loss_{name}"] = loss
   return grads, new_stats, terms
@@ -143,7 +152,7 @@ def make_train_step(
       grad, info = align_lib.combine(
         grads["vit"],
         grads["agent"],
-        models.shared_mask(params),
+        sharing.shared_mask(params),
         method=config.align,
         granularity=config.align_granularity,
       )
@@ -183,14 +192,3 @@ def make_train_step(
     return new_state, metrics
 
   return train_step
-
-
-def make_optimizer(
-  config: ml_collections.ConfigDict, models: ModelSet, steps_per_epoch: int
-) -> tuple[optax.GradientTransformation, Callable[[jax.Array], jax.Array]]:
-  """The optimizer of a mode. Joint mode gives each model its own optimizer (and clipping)."""
-  tx, schedule = optim.make_optimizer(config.optim, steps_per_epoch, config.num_epochs)
-  if config.mode == "joint":
-    labels = lambda params: {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()}
-    tx = optax.multi_transform({name: tx for name in models.names}, labels)
-  return tx, schedule

@@ -9,7 +9,6 @@ what the paper reports).
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from typing import Any
@@ -24,17 +23,14 @@ from etils import epath
 from vitboot_jax import (
   checkpoint,
   configlib,
-  device_preprocess,
   evaluate,
-  init_from,
   input_pipeline,
   metrics,
   preemption,
   sharding,
-  steps,
 )
-from vitboot_jax.models.build import build_models
-from vitboot_jax.state import TrainState, create_state
+from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.state import TrainState
 
 FINAL_FILE = "final.json"
 CONFIG_FILE = "config.json"
@@ -165,38 +161,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   mesh = sharding.make_mesh()
   info = input_pipeline.dataset_info(config)
-  if info.steps_per_epoch < 1:
-    raise ValueError(
-      f"config.batch_size={config.batch_size} is larger than the {info.num_train_examples} "
-      "training examples; lower it or raise config.data.train_fraction"
-    )
   steps_per_epoch = info.steps_per_epoch
   total_steps = _total_steps(config, steps_per_epoch)
-  models = build_models(config, mesh.devices.flat)  # Kernels chosen by the mesh's devices.
-  tx, schedule = steps.make_optimizer(config, models, steps_per_epoch)
-
-  # Sharded init: shapes first, then one jitted init that writes straight into the shardings.
-  image_shape = (config.image_size, config.image_size, 3)
-  init = functools.partial(create_state, models, tx, image_shape=image_shape)
-  rng = jax.random.key(config.seed)
-  abstract_state = jax.eval_shape(init, rng)
-  replicated = sharding.replicated(mesh)
-  state_sharding = jax.tree.map(lambda _: replicated, abstract_state)
-  abstract_state = jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sharding
-  )
+  trainer = trainer_lib.build(config, mesh, steps_per_epoch)
+  models, train_step, eval_step = trainer.models, trainer.train_step, trainer.eval_step
 
   ckpt = checkpoint.Checkpointer(
     workdir, keep=config.keep_checkpoints, save_every_steps=config.checkpoint_every_steps
   )
-  restored = ckpt.restore_latest(abstract_state)
+  restored = ckpt.restore_latest(trainer.abstract_state)
   if restored is None:
-    state: TrainState = jax.jit(init, out_shardings=state_sharding)(rng)
-    if models.attention_init:  # Mimetic / impulse: host-side rewrite of the attention weights.
-      params = models.post_init(state.params, jax.random.fold_in(rng, 1))
-      state = state.replace(params=jax.device_put(params, state_sharding.params))
-    if config.init_from:
-      state = init_from.initialise(state, config, models, tx, state_sharding)
+    state: TrainState = trainer.initial_state()
     start_step = 0
   else:
     state, start_step = restored
@@ -206,14 +181,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer.truncate_after(start_step if restored is not None else -1)
   if jax.process_index() == 0:
     metrics.write_json(workdir / CONFIG_FILE, json.loads(config.to_json_best_effort()))
-
-  train_step = jax.jit(
-    steps.make_train_step(config, models, tx, schedule, steps_per_epoch),
-    donate_argnums=0,
-    out_shardings=(state_sharding, replicated),
-  )
-  prepare = device_preprocess.make_prepare(config)
-  eval_step = jax.jit(evaluate.make_eval_step(models, prepare), out_shardings=replicated)
 
   eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches decoded images.
 

@@ -6,7 +6,8 @@ positions), never with the dense n x n selection matrices of the official code.
 
 In shared mode the agent owns only its stem, its BatchNorms and its head. Its CONV taps
 (W_V^h W_O^h, bias b_O) and its MLP are read from the ViT's parameter subtree, passed to
-`__call__` as `vit_params`: one parameter tree, no copy, no synchronisation step.
+`__call__` as `vit_params`: one parameter tree, no copy, no synchronisation step. What it reads
+there, and under which names, is models/sharing.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vitboot_jax.models import common
+from vitboot_jax.models import common, sharing
 from vitboot_jax.models.kernels import XLA, Kernels
 
 
@@ -79,14 +80,6 @@ def shared_dense(x: jax.Array, dense: Mapping[str, jax.Array], kernels: Kernels 
   kernel = dense["kernel"].astype(x.dtype)
   y = kernels.einsum("...k,kn->...n", x, kernel)
   return y + dense["bias"].astype(y.dtype)
-
-
-def shared_taps(qkv_kernel: jax.Array, out_kernel: jax.Array, num_heads: int) -> jax.Array:
-  """Tap h = (W_V^h W_O^h) in Flax [in, out] layout, from the ViT's live kernels: [H, D, D]."""
-  d = out_kernel.shape[0]
-  w_v = qkv_kernel[:, 2 * d :].reshape(d, num_heads, d // num_heads)  # [in, head, d_k]
-  w_o = out_kernel.reshape(num_heads, d // num_heads, d)  # [head, d_k, out]
-  return jnp.einsum("ihk,hko->hio", w_v, w_o)
 
 
 def _inits(init: str) -> dict[str, Any]:
@@ -229,10 +222,11 @@ class AgentBlock(nn.Module):
       )
     else:
       attn, mlp = shared["attn"], shared["mlp"]
-      taps = shared_taps(attn["qkv"]["kernel"], attn["out"]["kernel"], self.num_taps)
-      conv_bias = attn["out"]["bias"]  # b_O only; b_V is not part of the CONV (reference §2.6).
-      fc1 = lambda y: shared_dense(y, mlp["fc1"], self.kernels)
-      fc2 = lambda y: shared_dense(y, mlp["fc2"], self.kernels)
+      qkv, out = attn[sharing.QKV], attn[sharing.OUT]
+      taps = sharing.shared_taps(qkv["kernel"], out["kernel"], self.num_taps)
+      conv_bias = out["bias"]  # b_O only; b_V is not part of the CONV (reference §2.6).
+      fc1 = lambda y: shared_dense(y, mlp[sharing.MLP_IN], self.kernels)
+      fc2 = lambda y: shared_dense(y, mlp[sharing.MLP_OUT], self.kernels)
 
     def conv(y):
       return generalised_conv(y, taps, conv_bias, scheme=self.taps, kernels=self.kernels)
@@ -309,7 +303,7 @@ class Agent(nn.Module):
         dtype=self.dtype,
         kernels=self.kernels,
         name=f"block_{layer}",
-      )(x, train=train, shared=vit_params[f"block_{layer}"] if self.shared else None)
+      )(x, train=train, shared=sharing.shared_block(vit_params, layer) if self.shared else None)
       features.append(x)
       if layer in self.downsample_after:
         x = nn.avg_pool(x, (2, 2), strides=(2, 2))

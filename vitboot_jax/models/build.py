@@ -15,13 +15,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from flax import linen as nn
 
-from vitboot_jax import configlib, drloc
 from vitboot_jax.models import attention_init
+from vitboot_jax.models import drloc_head as drloc_lib
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models.agent import Agent
+from vitboot_jax.models.drloc_head import DrLocSetting
 from vitboot_jax.models.efficientnet import efficientnet_b2
 from vitboot_jax.models.kernels import XLA, Kernels
 from vitboot_jax.models.resnet import resnet50
@@ -35,7 +35,7 @@ def build_vit(
 ) -> ViT:
   m = config.model
   # Attention initialisers (mimetic, impulse) start from the standard scheme and then rewrite
-  # the attention weights on the host (ModelSet.post_init).
+  # the attention weights on the host (trainer.attention_post_init).
   init = "standard" if m.init in attention_init.SCHEMES else m.init
   return ViT(
     num_classes=config.data.num_classes,
@@ -91,15 +91,6 @@ def build_cnn(config: ml_collections.ConfigDict, dtype: Any = jnp.float32) -> nn
   return CNN_BASELINES[name](config.data.num_classes, dtype=dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class DrLocSetting:
-  """The DrLoc auxiliary task of one model: its head and the block whose output it reads."""
-
-  head: drloc.DrLocHead
-  layer: int
-  is_vit: bool
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class ModelSet:
   """The models one mode trains, by name: "vit", "agent" or "cnn"."""
@@ -107,8 +98,6 @@ class ModelSet:
   mode: str
   modules: dict[str, nn.Module]
   drloc: dict[str, DrLocSetting] = dataclasses.field(default_factory=dict)
-  attention_init: str | None = None
-  token_grid: int = 0
   kernels: Kernels = XLA
 
   @property
@@ -150,20 +139,10 @@ class ModelSet:
         params,
       )
       width = outputs[1]["features"][setting.layer].shape[-1]
-      params[f"drloc_{name}"] = drloc.init_head(
+      params[f"drloc_{name}"] = drloc_lib.init_head(
         setting.head, jax.random.fold_in(rngs[name], 1), width
       )
     return {"params": params, "batch_stats": batch_stats}
-
-  def post_init(self, params: dict[str, Any], rng: jax.Array) -> dict[str, Any]:
-    """Host-side initialisers that cannot run under jit (mimetic, impulse: SVDs, cached fits)."""
-    if self.attention_init is None:
-      return params
-    vit = jax.tree.map(np.asarray, jax.device_get(params["vit"]))
-    vit = attention_init.apply_init(
-      self.attention_init, vit, rng, num_heads=self.vit.num_heads, grid=self.token_grid
-    )
-    return {**params, "vit": jax.tree.map(jnp.asarray, vit)}
 
   def apply(
     self,
@@ -197,47 +176,6 @@ class ModelSet:
         outputs[name] = module.apply(model_vars, images, train=False, **kwargs)
     return outputs, new_stats
 
-  def drloc_loss(
-    self, name: str, params: dict[str, Any], out: dict[str, Any], rng: jax.Array, cfg
-  ) -> jax.Array:
-    """L_drloc (before lambda) of model `name` from its forward's `out`."""
-    setting = self.drloc[name]
-    grid = out["features"][setting.layer]
-    if setting.is_vit:
-      grid = drloc.tokens_to_grid(grid)
-    grid = drloc.pool_grid(grid, cfg.pool)
-    return drloc.drloc_loss(
-      setting.head,
-      params[f"drloc_{name}"],
-      grid.astype(jnp.float32),
-      rng,
-      num_pairs=cfg.num_pairs,
-      use_abs=cfg.use_abs,
-      normalize=cfg.normalize,
-    )
-
-  def shared_mask(self, params: dict[str, Any]) -> dict[str, Any]:
-    """1.0 where both models read a parameter entry, 0.0 elsewhere (broadcastable per leaf).
-
-    Shared: the V columns of each block's qkv kernel, the out projection (kernel and bias) and
-    both MLP layers. Not shared: Q/K columns, b_V (the CONV ignores it), norms, embeddings, heads
-    and everything the agent owns.
-    """
-
-    def mask_for(path, leaf):
-      keys = [getattr(p, "key", None) for p in path]
-      off = jnp.zeros((1,) * leaf.ndim, jnp.float32)
-      if not self.shared or keys[0] != "vit" or not str(keys[1]).startswith("block_"):
-        return off
-      if keys[2] == "mlp" or (keys[2] == "attn" and keys[3] == "out"):
-        return jnp.ones((1,) * leaf.ndim, jnp.float32)
-      if keys[2] == "attn" and keys[3] == "qkv" and keys[4] == "kernel":
-        d = leaf.shape[0]
-        return jnp.concatenate([jnp.zeros((1, 2 * d)), jnp.ones((1, d))], axis=1)
-      return off
-
-    return jax.tree_util.tree_map_with_path(mask_for, params)
-
 
 def _drloc_settings(
   config: ml_collections.ConfigDict, modules: dict[str, nn.Module]
@@ -256,9 +194,9 @@ def _drloc_settings(
     if cfg.variant in ("ce", "reg"):  # Their class count depends on the pooled grid size.
       images = jax.ShapeDtypeStruct((1, config.image_size, config.image_size, 3), jnp.float32)
       feature = _feature_shape(config.mode, modules, name, images, cfg.layer)
-      grid = drloc.pool_grid(jnp.zeros((1, feature[1], feature[2], 1)), cfg.pool).shape[1]
-    head = drloc.make_head(cfg.variant, grid, use_abs=cfg.use_abs, hidden=cfg.hidden)
-    settings[name] = DrLocSetting(head=head, layer=cfg.layer, is_vit=name == "vit")
+      grid = drloc_lib.pool_grid(jnp.zeros((1, feature[1], feature[2], 1)), cfg.pool).shape[1]
+    head = drloc_lib.make_head(cfg.variant, grid, use_abs=cfg.use_abs, hidden=cfg.hidden)
+    settings[name] = DrLocSetting(head=head, layer=cfg.layer, is_vit=name == "vit", pool=cfg.pool)
   return settings
 
 
@@ -286,9 +224,9 @@ def build_models(
 
   `config.kernels` is resolved for the devices the steps run on (the mesh's; default: all of
   jax's devices), or for `platform` ("cpu", "cuda", "tpu") when exporting for another machine.
-  An explicit `kernels` record wins over both (kernel A/Bs).
+  An explicit `kernels` record wins over both (kernel A/Bs). The config is taken as valid
+  (configlib.validate, called by the entry points).
   """
-  configlib.validate(config)
   choice = config.get("kernels", "auto")
   if kernels is None and platform is not None:
     kernels = kernels_lib.for_platform(choice, platform)
@@ -303,12 +241,6 @@ def build_models(
     modules["agent"] = build_agent(config, shared=mode == "shared", dtype=dtype, kernels=kernels)
   if mode == "cnn":
     modules["cnn"] = build_cnn(config, dtype)
-  scheme = config.model.init if config.model.init in attention_init.SCHEMES else None
   return ModelSet(
-    mode=mode,
-    modules=modules,
-    drloc=_drloc_settings(config, modules),
-    attention_init=scheme if "vit" in modules else None,
-    token_grid=config.image_size // config.model.patch_size,
-    kernels=kernels,
+    mode=mode, modules=modules, drloc=_drloc_settings(config, modules), kernels=kernels
   )

@@ -3,6 +3,8 @@
 Parameter layout is chosen so that the agent CNN can read the ViT's weights in place:
 `block_{l}/attn/qkv/kernel` is [D, 3D] with columns laid out [Q | K | V], head-major inside each
 third (column h*d_k + j of a third belongs to head h), exactly as the official `linear_qkv`.
+The names the shared agent reads (`block_{l}`, `attn/qkv`, `attn/out`, `mlp/fc1`, `mlp/fc2`) are
+spelled once in models/sharing.py; a rename here must be made there too.
 """
 
 from __future__ import annotations

@@ -49,10 +49,10 @@ from ml_collections import config_flags
 
 from vitboot_jax import configlib, evaluate, input_pipeline, sharding
 from vitboot_jax import steps as step_lib
+from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.models import costs, matmul
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.kernels import Kernels
-from vitboot_jax.state import create_state
 
 ALL_MODES = ("vit", "agent", "joint", "shared", "shared_noalign")
 # Feature-loss decay depends on the step's epoch; any plausible epoch length costs the same.
@@ -174,9 +174,11 @@ class CompiledStep:
   data: dict[str, jax.Array]
   macs: int
   compile_s: float
-  jitted: Any = None  # The jitted step (any batch), for the loop over real data.
-  models: Any = None
-  mesh: Any = None
+  trainer: trainer_lib.Trainer  # Its jitted steps take any batch: the loop over real data.
+
+  @property
+  def mesh(self) -> jax.sharding.Mesh:
+    return self.trainer.mesh
 
   def __call__(self) -> Any:
     """Runs one step on the synthetic batch (the state is donated and replaced)."""
@@ -202,29 +204,20 @@ def compile_mode_step(
   kernels: Kernels | None = None,
   compiler_options: dict[str, Any] | None = None,
 ) -> CompiledStep:
-  """Builds, initialises and jits one mode's step as train.py does, on a synthetic batch.
+  """Builds, initialises and jits one mode's step with train.py's setup, on a synthetic batch.
 
   `kernels` replaces the set `config.kernels` resolves to on the mesh (kernel A/Bs);
   `compiler_options` are XLA debug options for this one compilation (compiler-flag A/Bs).
   """
   config = mode_config(config, mode, batch, dtype)
-  models = build_models(config, mesh.devices.flat, kernels=kernels)
-  tx, schedule = step_lib.make_optimizer(config, models, _STEPS_PER_EPOCH)
-  image_shape = (config.image_size, config.image_size, 3)
-  replicated = sharding.replicated(mesh)
-  init = functools.partial(create_state, models, tx, image_shape=image_shape)
-  rng = jax.random.key(config.seed)
-  state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init, rng))
-  state = jax.jit(init, out_shardings=state_sharding)(rng)
+  trainer = trainer_lib.build(config, mesh, _STEPS_PER_EPOCH, kernels=kernels)
+  state = trainer.fresh_state()  # Timings do not depend on the weights' values.
   data = synthetic_batch(config, batch, mesh)
-
-  train_step = step_lib.make_train_step(config, models, tx, schedule, _STEPS_PER_EPOCH)
-  macs = costs.count_macs(_xla_train_step(config, tx, schedule), state, data)
-  jitted = jax.jit(train_step, donate_argnums=0, out_shardings=(state_sharding, replicated))
+  macs = costs.count_macs(_xla_train_step(config, trainer.tx, trainer.schedule), state, data)
   start = time.perf_counter()
-  compiled = jitted.lower(state, data).compile(compiler_options=compiler_options)
+  compiled = trainer.train_step.lower(state, data).compile(compiler_options=compiler_options)
   compile_s = time.perf_counter() - start
-  return CompiledStep(config, compiled, state, data, macs, compile_s, jitted, models, mesh)
+  return CompiledStep(config, compiled, state, data, macs, compile_s, trainer)
 
 
 def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
@@ -242,7 +235,7 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
     fetch = time.perf_counter()
     batch = sharding.global_batch(next(batches), step.mesh)
     data_s += time.perf_counter() - fetch
-    state, metrics = step.jitted(state, batch)
+    state, metrics = step.trainer.train_step(state, batch)
     if (i + 1) % log_every == 0:
       _ = {k: float(v) for k, v in jax.device_get(metrics).items()}  # As train.py logs.
   jax.block_until_ready(state)
@@ -253,7 +246,7 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
 def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
   """A full evaluation of the eval split as train.py runs it (twice: decode, then cache)."""
   config, mesh = step.config, step.mesh
-  eval_step = jax.jit(evaluate.make_eval_step(step.models), out_shardings=sharding.replicated(mesh))
+  eval_step = step.trainer.eval_step
   params, stats = step.state.params, step.state.batch_stats
   batch = int(config.data.eval_batch_size)
   synthetic = synthetic_batch(config, batch, mesh)

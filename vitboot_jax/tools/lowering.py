@@ -26,7 +26,7 @@ from absl import app, flags
 from jax import export
 from ml_collections import config_flags
 
-from vitboot_jax import configlib, device_preprocess, evaluate
+from vitboot_jax import configlib, device_preprocess, evaluate, optim
 from vitboot_jax import steps as step_lib
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
@@ -75,7 +75,7 @@ def _export_text(fn: Callable[..., Any], platform: str, args: Sequence[Any]) -> 
 def step_specs(config: ml_collections.ConfigDict, platform: str):
   """(train_step, eval_step, state, train batch, eval batch): abstract values, no arrays."""
   models = build_models(config, platform=platform)
-  tx, schedule = step_lib.make_optimizer(config, models, _STEPS_PER_EPOCH)
+  tx, schedule = optim.mode_optimizer(config, models.names, _STEPS_PER_EPOCH)
   image_shape = (config.image_size, config.image_size, 3)
   init = functools.partial(create_state, models, tx, image_shape=image_shape)
   state = jax.eval_shape(init, jax.random.key(0))

@@ -19,12 +19,14 @@ import ml_collections
 from absl import app
 from ml_collections import config_flags
 
-from vitboot_jax.models import costs
+from vitboot_jax import configlib
+from vitboot_jax.models import costs, sharing
 from vitboot_jax.models.build import build_models
 
 
 def summarise(config: ml_collections.ConfigDict) -> dict[str, dict[str, int]]:
   # MACs of the plain XLA kernels: the CPU set's matmul convolutions skip unused CONV taps.
+  configlib.validate(config)
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.kernels = "xla"
@@ -34,8 +36,7 @@ def summarise(config: ml_collections.ConfigDict) -> dict[str, dict[str, int]]:
     models.init, jax.random.key(0), jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
   )
   params = variables["params"]
-  mask = models.shared_mask(params)
-  shared_count = costs.count_params(params, mask)
+  shared_count = costs.count_params(params, sharing.shared_mask(params)) if models.shared else 0
   summary: dict[str, dict[str, Any]] = {}
   for name in models.names:
 

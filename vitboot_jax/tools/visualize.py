@@ -20,7 +20,6 @@ block 0) with the block's own LN1 and Q/K weights.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 import json
 import math
@@ -38,11 +37,19 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from vitboot_jax import checkpoint, configlib, device_preprocess, input_pipeline, preprocess, steps
+from vitboot_jax import (
+  checkpoint,
+  configlib,
+  device_preprocess,
+  input_pipeline,
+  preprocess,
+  sharding,
+)
+from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.models.attention_init import attention_maps
-from vitboot_jax.models.build import ModelSet, build_models
+from vitboot_jax.models.build import ModelSet
 from vitboot_jax.models.entmax import entmax_bisect
-from vitboot_jax.state import TrainState, create_state
+from vitboot_jax.state import TrainState
 
 INDEX_FILE = "index.json"
 # Smallest side of one tile in a figure: a 32-px image or a 4x4 token map is unreadable as is.
@@ -146,37 +153,24 @@ def _inspection_config(config: ml_collections.ConfigDict) -> ml_collections.Conf
 
 
 def load_variables(
-  config: ml_collections.ConfigDict, models: ModelSet, workdir: str | None
+  trainer: trainer_lib.Trainer, workdir: str | None
 ) -> tuple[dict[str, Any], int | None]:
   """({"params", "batch_stats"}, step) of the newest checkpoint in `workdir`, or of a fresh init.
 
-  Both go through `create_state`, the trainer's own init, so a fresh init is exactly the
-  state training starts from and a checkpoint is read into the tree it was written from.
+  Both go through the trainer's own setup, so a fresh init is exactly the state training starts
+  from and a checkpoint is read into the tree it was written from.
   """
-  # The optimizer state's tree does not depend on the schedule's length, so one step per epoch
-  # is enough to describe it, and no dataset has to be opened for --images.
-  tx, _ = steps.make_optimizer(config, models, steps_per_epoch=1)
-  image_shape = (config.image_size, config.image_size, 3)
-  init = functools.partial(create_state, models, tx, image_shape=image_shape)
-  rng = jax.random.key(config.seed)
   if workdir is None:
-    state: TrainState = jax.jit(init)(rng)
-    params = state.params
-    if getattr(models, "attention_init", None) is not None:  # Host-side attention init.
-      params = models.post_init(params, jax.random.fold_in(rng, 1))
-    return {"params": params, "batch_stats": state.batch_stats}, None
+    state: TrainState = trainer.initial_state()
+    return {"params": state.params, "batch_stats": state.batch_stats}, None
   ckpt_dir = epath.Path(workdir) / checkpoint.CHECKPOINT_SUBDIR
   if not ckpt_dir.exists():  # Checked first: the Checkpointer would create the directory.
     raise FileNotFoundError(
       f"--workdir={workdir} has no {checkpoint.CHECKPOINT_SUBDIR}/; train there first, or "
       "leave --workdir out to look at the freshly initialised model"
     )
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  abstract = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), jax.eval_shape(init, rng)
-  )
   with checkpoint.Checkpointer(workdir, keep=None, async_save=False) as ckpt:
-    restored = ckpt.restore_latest(abstract)
+    restored = ckpt.restore_latest(trainer.abstract_state)
   if restored is None:
     raise FileNotFoundError(f"{ckpt_dir} holds no complete checkpoint to visualise")
   state, step = restored
@@ -498,8 +492,12 @@ def run(
 ) -> Visualisation:
   """Loads the model (checkpoint or fresh init), computes the maps and writes the figures."""
   config = _inspection_config(config)
-  models = build_models(config)
-  variables, step = load_variables(config, models, workdir)
+  configlib.validate(config)
+  # The optimizer state's tree does not depend on the schedule's length, so one step per epoch
+  # is enough to describe it, and no dataset has to be opened for --images.
+  trainer = trainer_lib.build(config, sharding.make_mesh(), steps_per_epoch=1)
+  models = trainer.models
+  variables, step = load_variables(trainer, workdir)
   images, image_names = load_images(config, num_images, image_files)
   attention, vit_maps, agent_maps = compute_maps(config, models, variables, images)
 

@@ -1,0 +1,132 @@
+"""What one config trains with: models, optimizer, sharded state and the jitted steps.
+
+`build(config, mesh, steps_per_epoch)` is the one setup of train.py, tools/benchmark.py and
+tools/visualize.py; train.py keeps the loop. The config is taken as valid: the entry points call
+configlib.validate once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from vitboot_jax import device_preprocess, evaluate, init_from, optim, sharding, steps
+from vitboot_jax.models import attention_init
+from vitboot_jax.models.build import ModelSet, build_models
+from vitboot_jax.models.kernels import Kernels
+from vitboot_jax.state import TrainState, create_state
+
+# fold_in of the init rng that seeds the host-side attention initialisers.
+_POST_INIT_STREAM = 1
+
+
+def attention_post_init(
+  config: ml_collections.ConfigDict, params: dict[str, Any], rng: jax.Array
+) -> dict[str, Any]:
+  """`params` with the ViT's attention rewritten by config.model.init's host-side scheme.
+
+  Mimetic and impulse need SVDs and cached fits that cannot run under jit; other schemes (and
+  modes without a ViT) return `params` unchanged.
+  """
+  scheme = config.model.init
+  if scheme not in attention_init.SCHEMES or "vit" not in params:
+    return params
+  vit = jax.tree.map(np.asarray, jax.device_get(params["vit"]))
+  vit = attention_init.apply_init(
+    scheme,
+    vit,
+    rng,
+    num_heads=config.model.num_heads,
+    grid=config.image_size // config.model.patch_size,
+  )
+  return {**params, "vit": jax.tree.map(jnp.asarray, vit)}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trainer:
+  """The models, optimizer, state layout and jitted steps of one config on one mesh."""
+
+  config: ml_collections.ConfigDict
+  mesh: jax.sharding.Mesh
+  models: ModelSet
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  state_sharding: TrainState  # A sharding per leaf of the state.
+  abstract_state: TrainState  # ShapeDtypeStructs carrying those shardings (checkpoint restore).
+  init: Callable[[jax.Array], TrainState]  # Jitted: rng -> fresh state, written sharded.
+  train_step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]  # Jitted, donates state.
+  eval_step: Callable[..., dict[str, Any]]  # Jitted (params, batch_stats, batch) -> sums.
+  prepare: Callable[[jax.Array], jax.Array]  # Finishes shipped images on the device.
+
+  @property
+  def replicated(self) -> jax.sharding.NamedSharding:
+    return sharding.replicated(self.mesh)
+
+  def fresh_state(self) -> TrainState:
+    """The jitted init at config.seed, before any host-side rewrite."""
+    return self.init(jax.random.key(self.config.seed))
+
+  def initial_state(self) -> TrainState:
+    """The state a fresh run starts from: init, host-side attention init, config.init_from."""
+    rng = jax.random.key(self.config.seed)
+    state = self.init(rng)
+    params = attention_post_init(
+      self.config, state.params, jax.random.fold_in(rng, _POST_INIT_STREAM)
+    )
+    if params is not state.params:
+      state = state.replace(params=jax.device_put(params, self.state_sharding.params))
+    if self.config.init_from:
+      state = init_from.initialise(state, self.config, self.tx, self.state_sharding)
+    return state
+
+
+def build(
+  config: ml_collections.ConfigDict,
+  mesh: jax.sharding.Mesh,
+  steps_per_epoch: int,
+  *,
+  kernels: Kernels | None = None,
+) -> Trainer:
+  """The Trainer of `config` on `mesh`: state replicated, batches split over the mesh.
+
+  Kernels are chosen for the mesh's devices unless `kernels` is given (kernel A/Bs).
+  """
+  models = build_models(config, mesh.devices.flat, kernels=kernels)
+  tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch)
+  # Sharded init: shapes first, then one jitted init that writes straight into the shardings.
+  image_shape = (config.image_size, config.image_size, 3)
+  init = functools.partial(create_state, models, tx, image_shape=image_shape)
+  abstract_state = jax.eval_shape(init, jax.random.key(config.seed))
+  replicated = sharding.replicated(mesh)
+  state_sharding = jax.tree.map(lambda _: replicated, abstract_state)
+  abstract_state = jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sharding
+  )
+  train_step = jax.jit(
+    steps.make_train_step(config, models, tx, schedule, steps_per_epoch),
+    donate_argnums=0,
+    out_shardings=(state_sharding, replicated),
+  )
+  prepare = device_preprocess.make_prepare(config)
+  eval_step = jax.jit(evaluate.make_eval_step(models, prepare), out_shardings=replicated)
+  return Trainer(
+    config=config,
+    mesh=mesh,
+    models=models,
+    tx=tx,
+    schedule=schedule,
+    state_sharding=state_sharding,
+    abstract_state=abstract_state,
+    init=jax.jit(init, out_shardings=state_sharding),
+    train_step=train_step,
+    eval_step=eval_step,
+    prepare=prepare,
+  )
