@@ -112,6 +112,19 @@ def test_drloc_head_is_trained_and_private_to_its_model():
   assert max(float(m.max()) for m in jax.tree.leaves(mask["drloc_vit"])) == 0.0
 
 
+def test_drloc_in_joint_mode_steps_each_head_with_its_model():
+  config = load_config("tiny_test", "mode=joint,drloc=0.5")
+  config.drloc.models = ("vit", "agent")
+  _, _, state, step = make(config)
+  new_state, metrics = jax.jit(step)(state, batch_of())
+  assert float(metrics["train/drloc_vit"]) > 0 and float(metrics["train/drloc_agent"]) > 0
+  for head in ("drloc_vit", "drloc_agent"):
+    moved = jax.tree.map(
+      lambda a, b: float(jnp.abs(a - b).max()), state.params[head], new_state.params[head]
+    )
+    assert max(jax.tree.leaves(moved)) > 0, head
+
+
 def test_drloc_on_unknown_model_names_the_field():
   config = load_config("tiny_test", "mode=vit,drloc=0.1")
   config.drloc.models = ("agent",)

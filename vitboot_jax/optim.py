@@ -134,10 +134,12 @@ def mode_optimizer(
   """`make_optimizer` for a mode training the models `names` (ModelSet.names).
 
   Joint mode gives each model its own copy of the chain (and its own clipping); every other mode
-  updates its one parameter tree with one chain.
+  updates its one parameter tree with one chain. A model's DrLoc head ("drloc_<name>") belongs
+  to that model's chain, as it does in single-model modes.
   """
   tx, schedule = make_optimizer(config.optim, steps_per_epoch, config.num_epochs)
   if config.mode == "joint":
-    labels = lambda params: {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()}
+    owner = lambda key: key.removeprefix("drloc_")
+    labels = lambda params: {k: jax.tree.map(lambda _, k=k: owner(k), v) for k, v in params.items()}
     tx = optax.multi_transform({name: tx for name in names}, labels)
   return tx, schedule
