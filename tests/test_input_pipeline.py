@@ -264,7 +264,7 @@ def test_errors(folder, tmp_path):
     input_pipeline.train_batches(big)
   with pytest.raises(ValueError, match="config.data.name='no_such_dataset'"):
     input_pipeline.dataset_info(make_config(tmp_path, name="no_such_dataset"))
-  with pytest.raises(FileNotFoundError, match=r"not prepared .*tfds build cifar10 --data_dir="):
+  with pytest.raises(FileNotFoundError, match=r"not prepared .*prepare_data cifar10 --data_dir="):
     input_pipeline.dataset_info(make_config(tmp_path, name="cifar10", num_classes=10))
 
 
