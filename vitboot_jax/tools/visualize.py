@@ -34,7 +34,15 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from vitboot_jax import checkpoint, configlib, device_preprocess, input_pipeline, preprocess, steps
+from vitboot_jax import (
+  checkpoint,
+  configlib,
+  device_preprocess,
+  input_pipeline,
+  preprocess,
+  progress,
+  steps,
+)
 from vitboot_jax.models.attention_init import attention_maps
 from vitboot_jax.models.build import ModelSet, build_models
 from vitboot_jax.models.entmax import entmax_bisect
@@ -415,6 +423,7 @@ def define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  progress.quiet_libraries()  # Restoring a checkpoint logs ~25 orbax INFO lines.
   result = run(_CONFIG.value, _OUT.value, _WORKDIR.value, _NUM_IMAGES.value, _IMAGES.value)
   source = "fresh init" if result.step is None else f"checkpoint step {result.step}"
   print(f"Wrote {len(result.files)} figures ({source}) and {INDEX_FILE} to {_OUT.value}")
