@@ -107,6 +107,7 @@ def test_library_info_is_dropped_and_warnings_kept():
   assert not quiet.filter(record("/site-packages/orbax/checkpoint/manager.py", logging.INFO))
   assert not quiet.filter(record("/site-packages/tensorflow_datasets/core/x.py", logging.INFO))
   assert quiet.filter(record("/site-packages/orbax/checkpoint/manager.py", logging.WARNING))
+  assert not quiet.filter(record("/site-packages/jax/_src/xla_bridge.py", logging.INFO))
   assert quiet.filter(record("/vitboot_jax/train.py", logging.INFO))
 
 

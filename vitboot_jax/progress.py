@@ -153,11 +153,15 @@ def _by_model(scalars: Mapping[str, float], prefix: str) -> dict[str, float]:
 _TF_STARTUP_CHATTER = ("WARNING: All log messages before absl::InitializeLog()",)
 
 
+_NOISY_PATHS = ("/orbax/", "/tensorflow_datasets/", "/jax/_src/xla_bridge.py")
+
+
 class _QuietLibraries(logging_lib.Filter):
-  """Drops INFO chatter of orbax and tfds (every checkpoint logs ~20 lines); keeps warnings."""
+  """Drops INFO chatter of orbax and tfds (every checkpoint logs ~20 lines) and JAX's backend
+  probing ("Unable to initialize backend 'tpu'" on every CPU run); keeps warnings."""
 
   def filter(self, record: logging_lib.LogRecord) -> bool:
-    noisy = any(part in record.pathname for part in ("/orbax/", "/tensorflow_datasets/"))
+    noisy = any(part in record.pathname for part in _NOISY_PATHS)
     return record.levelno >= logging_lib.WARNING or not noisy
 
 
