@@ -157,6 +157,13 @@ def test_unknown_name_and_missing_folder(tmp_path):
     datasets.ensure(_config("folder", tmp_path / "root"), may_download=True)
 
 
+def test_an_image_folder_is_not_taken_for_a_tfds_directory(tmp_path, downloads):
+  (tmp_path / "train" / "cat").mkdir(parents=True)
+  with pytest.raises(errors.ConfigError, match="is an image folder .*--config.data.name=folder"):
+    datasets.ensure(_config(data_dir=tmp_path), may_download=True)
+  assert downloads == [] and sorted(p.name for p in tmp_path.iterdir()) == ["train"]
+
+
 def test_prepare_data_tool(tmp_path, downloads):
   path = prepare_data.prepare("vitboot_first_use", str(tmp_path))
   assert path == str(tmp_path / "vitboot_first_use" / "1.0.0")

@@ -39,6 +39,7 @@ def ensure(config: ml_collections.ConfigDict, *, may_download: bool) -> None:
   if config.data.name == "folder":
     _check_folder(config)
     return
+  _check_not_a_folder(config)
   builder = tfds_builder(config.data.name, config.data.dir)
   with _quiet_tfds():  # tfds warns about the missing dataset_info.json of an unprepared dataset.
     if builder.is_prepared():
@@ -100,6 +101,18 @@ def _offline_message(name: str, root: str, why: str) -> str:
     "--config.data.dir=DIR, or\n"
     f"  - train from an image folder: {FOLDER_FLAGS} with {FOLDER_LAYOUT}"
   )
+
+
+def _check_not_a_folder(config: ml_collections.ConfigDict) -> None:
+  """An image folder given as a tfds data_dir would get the download written into it."""
+  root, name = config.data.dir, config.data.name
+  if not root or "://" in root or os.path.isdir(os.path.join(root, name)):
+    return
+  if os.path.isdir(os.path.join(root, config.data.train_split)):
+    raise errors.ConfigError(
+      f"config.data.dir={root!r} is an image folder ({config.data.train_split}/<class>/...) but "
+      f"config.data.name={name!r} is a tfds dataset; add --config.data.name=folder"
+    )
 
 
 def _check_folder(config: ml_collections.ConfigDict) -> None:
