@@ -41,9 +41,8 @@ def ensure(config: ml_collections.ConfigDict, *, may_download: bool) -> None:
     return
   _check_not_a_folder(config)
   builder = tfds_builder(config.data.name, config.data.dir)
-  with _quiet_tfds():  # tfds warns about the missing dataset_info.json of an unprepared dataset.
-    if builder.is_prepared():
-      return
+  if is_prepared(builder):
+    return
   root = str(builder.data_dir_root)
   name = config.data.name
   command = PREPARE_COMMAND.format(name=name, data_dir=config.data.dir or root)
@@ -90,6 +89,12 @@ def tfds_builder(name: str, data_dir: str | None):
         f"config.data.name={name!r} is neither a tfds dataset nor 'folder' (for an image "
         f"folder: {FOLDER_FLAGS})"
       ) from error
+
+
+def is_prepared(builder) -> bool:
+  """builder.is_prepared(), without tfds' warning about an unprepared dataset's missing files."""
+  with _quiet_tfds():
+    return builder.is_prepared()
 
 
 def _offline_message(name: str, root: str, why: str) -> str:

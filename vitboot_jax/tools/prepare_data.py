@@ -26,7 +26,7 @@ def prepare(name: str, data_dir: str | None) -> str:
   from vitboot_jax import datasets
 
   builder = datasets.tfds_builder(name, data_dir)
-  if builder.is_prepared():
+  if datasets.is_prepared(builder):
     logging.info("%s is already prepared in %s.", name, builder.data_dir)
     return builder.data_dir
   if builder.MANUAL_DOWNLOAD_INSTRUCTIONS:
