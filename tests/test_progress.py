@@ -62,7 +62,9 @@ def test_eta_counts_remaining_evaluations_at_their_measured_cost():
     clock.now = 100.0  # The evaluation takes 40 s.
   p.evaluated(40, {"eval/top1_vit": 0.25, "eval/top1_agent": 0.5, "eval/ce_vit": 2.0})
   assert p.eval_seconds == 40.0
-  assert p.eta(40) == pytest.approx(60 + 2 * 40)
+  assert p.eta(40, evaluated=True) == pytest.approx(60 + 2 * 40)
+  assert p.eta(40) == pytest.approx(60 + 3 * 40)  # A line at step 40 comes before its evaluation.
+  assert (p.eta(100), p.eta(100, evaluated=True)) == (40.0, 0.0)  # The last step's evaluation.
   clock.now = 120.0  # 20 steps in 20 s of training, the evaluation's 40 s left out.
   p.step(60, {"train/loss_vit": 1.5, "train/loss_agent": 1.25, "train/grad_norm": 3.0})
   assert p.seconds_per_step() == pytest.approx(1.0)

@@ -76,10 +76,13 @@ class Progress:
     per_step = self.seconds_per_step() or 0.0
     return per_step / self.batch * self.num_eval * _EVAL_COST_PER_IMAGE
 
-  def eta(self, step: int) -> float:
-    """Seconds left after `step`: its training steps and evaluations."""
+  def eta(self, step: int, *, evaluated: bool = False) -> float:
+    """Seconds left once step `step` has trained: the steps and evaluations still to come, the
+    evaluation at `step` itself included unless `evaluated`."""
     per_step = self.seconds_per_step() or 0.0
     evals = evaluations_after(step, self.total, self.eval_every)
+    if not evaluated and (step % self.eval_every == 0 or step == self.total):
+      evals += 1
     return (self.total - step) * per_step + evals * self._eval_estimate()
 
   def step(self, step: int, scalars: Mapping[str, float]) -> dict[str, float]:
@@ -121,7 +124,7 @@ class Progress:
         last = now
         elapsed = now - self._eval_start
         left = elapsed / i * max(num_batches - i, 0)
-        after = self.eta(self._eval_step)  # What follows this evaluation.
+        after = self.eta(self._eval_step, evaluated=True)  # What follows this evaluation.
         self._log(
           "evaluating at step %d: batch %d/%d  ETA %s",
           self._eval_step,
