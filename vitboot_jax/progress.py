@@ -97,11 +97,11 @@ class Progress:
       self._seconds += seconds
     self._mark_step, self._mark_time, self._paused = step, now, 0.0
     losses = _by_model(scalars, "train/loss_")
-    line = f"step {step}/{self.total} (epoch {step / self.per_epoch:.2f})"
+    line = f"step {step}/{self.total} ep {step / self.per_epoch:.2f}"
     if losses:
       line += "  loss " + " ".join(f"{k} {v:.3f}" for k, v in losses.items())
     if self.top1:
-      line += "  top-1 " + " ".join(f"{k} {100 * v:.2f}%" for k, v in self.top1.items())
+      line += "  top-1 " + " ".join(f"{k} {100 * v:.1f}%" for k, v in self.top1.items())
     self._log("%s  %.0f img/s  ETA %s", line, rate * self.batch, duration(self.eta(step)))
     return {"train/img_per_s": rate * self.batch}
 
