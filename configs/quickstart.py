@@ -1,8 +1,9 @@
 r"""Quickstart: a small ViT + agent on 32-px CIFAR-10, shared mode, minutes on a laptop CPU.
 
-Command (uses the image-folder copy of CIFAR-10; any `root/{train,test}/<class>/*.jpg` works):
-  python -m vitboot_jax.main --config=configs/quickstart.py --workdir=workdirs/quickstart \
-    --config.data.dir=../shared/data/cifar10
+Command (tfds `cifar10`, downloaded on first use into ~/tensorflow_datasets or $TFDS_DATA_DIR):
+  python -m vitboot_jax.main --config=configs/quickstart.py --workdir=workdirs/quickstart
+An image folder of CIFAR-10 instead (`ROOT/{train,test}/<class>/*.jpg`; what CI uses):
+  ... --config.data.name=folder --config.data.dir=ROOT
 
 Model: ViT 144-d, 6 layers, 9 heads, patch 4 (8x8 tokens); agent with the small 32-px stem
 (16x16) down-sampling after block 0. 10% of the training set per class (5,000 images), batch 64.
@@ -21,8 +22,7 @@ from vitboot_jax import configlib
 def get_config(arg=None):
   args = configlib.parse_arg(arg)
   c = configlib.base_config()
-  c.data.name = "folder"
-  c.data.dir = "../shared/data/cifar10"
+  c.data.name = "cifar10"  # tfds; data.dir unset: tfds' default data directory.
   c.data.num_classes = 10
   c.data.normalisation = "cifar10"
   c.data.train_fraction = 0.1

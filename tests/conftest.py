@@ -59,5 +59,6 @@ def uninterrupted(image_folder, tmp_path_factory):
   from tests.runs import run
 
   workdir = tmp_path_factory.mktemp("uninterrupted")
-  run(workdir, image_folder)
+  proc = run(workdir, image_folder)
+  (workdir.parent / "uninterrupted.console.txt").write_text(proc.stderr)  # test_progress reads it.
   return workdir

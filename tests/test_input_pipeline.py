@@ -264,7 +264,7 @@ def test_errors(folder, tmp_path):
     input_pipeline.train_batches(big)
   with pytest.raises(ValueError, match="config.data.name='no_such_dataset'"):
     input_pipeline.dataset_info(make_config(tmp_path, name="no_such_dataset"))
-  with pytest.raises(FileNotFoundError, match=r"not prepared .*tfds build cifar10 --data_dir="):
+  with pytest.raises(FileNotFoundError, match=r"not prepared .*prepare_data cifar10 --data_dir="):
     input_pipeline.dataset_info(make_config(tmp_path, name="cifar10", num_classes=10))
 
 
@@ -451,6 +451,70 @@ def test_tfds_subset_selects_the_image_folder_images(named_images):
     seen.append(set(np.concatenate([example_ids(b["image"]) for b in batches]).tolist()))
   want = {NAMED_FILES.index(n) for n in _selected_names(make_config(root, train_fraction=0.5))}
   assert seen[0] == seen[1] == want
+
+
+# CIFAR: tfds cifar10 has no file names but an `id` ("train_00042", the index in the original
+# files); the image-folder copy numbers each class's images in that same order (NNNN.jpg).
+
+ID_PER_CLASS = 12
+
+
+class VitbootIdImages(tfds.core.GeneratorBasedBuilder):
+  """A stand-in for tfds cifar10: classes interleaved, each record with its original `id`."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  url_infos = None
+
+  def _info(self):
+    features = tfds.features.FeaturesDict(
+      {
+        "id": tfds.features.Text(),
+        "image": tfds.features.Image(shape=(32, 32, 3)),
+        "label": tfds.features.ClassLabel(names=list(CLASSES)),
+      }
+    )
+    return tfds.core.DatasetInfo(
+      builder=self, features=features, supervised_keys=("image", "label")
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {
+      "train": self._generate_examples("train_", 36),
+      "test": self._generate_examples("test_", 3),
+    }
+
+  def _generate_examples(self, prefix, n):
+    for k in range(n):  # As cifar.py: keyed by the index, which tfds hashes into its order.
+      image = np.full([32, 32, 3], colour(k), np.uint8)
+      yield k, {"id": f"{prefix}{k:05d}", "image": image, "label": k % 3}
+
+
+def test_tfds_cifar_subset_follows_the_original_order(tmp_path):
+  download = tfds.download.DownloadConfig(
+    try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP
+  )
+  VitbootIdImages(data_dir=str(tmp_path / "tfds")).download_and_prepare(download_config=download)
+  root = tmp_path / "folder"
+  for split, n in (("train", 36), ("test", 3)):
+    for k in range(n):  # Image k is number k // 3 of its class, as in the folder copy.
+      class_dir = root / split / CLASSES[k % 3]
+      class_dir.mkdir(parents=True, exist_ok=True)
+      write_image(class_dir / f"{k // 3:04d}.png", colour(k))
+  for fraction in (0.25, 0.5):
+    tfds_config = make_config(tmp_path / "tfds", name="vitboot_id_images", train_fraction=fraction)
+    source = input_pipeline._source(tfds_config)
+    ids = source.file_names("train")
+    assert sorted(ids) != list(ids)  # Stored in tfds' hashed order, not the original one.
+    keep = input_pipeline._train_subset(source, tfds_config)
+    from_tfds = {int(i.decode()[len("train_") :]) for i in ids[keep]}
+    folder = make_config(root, train_fraction=fraction)
+    paths = input_pipeline._source(folder)._listing("train")[0]
+    kept_paths = paths[input_pipeline._train_subset(input_pipeline._source(folder), folder)]
+    from_folder = {
+      3 * int(p.rsplit("/", 1)[1][:4]) + CLASSES.index(p.rsplit("/", 2)[1]) for p in kept_paths
+    }
+    assert from_tfds == from_folder and len(from_tfds) == 3 * round(ID_PER_CLASS * fraction)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from unittest import mock
@@ -304,6 +305,8 @@ def test_command_line_on_a_checkpoint(image_folder, trained_run, tmp_path):
     timeout=300,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
+  python_info = [x for x in proc.stderr.splitlines() if re.match(r"I\d{4} \d\d:\d\d:\d\d\.", x)]
+  assert len(python_info) <= 2, python_info  # Orbax's INFO chatter stays off the console.
   index = json.loads((tmp_path / "cli" / "index.json").read_text())
   assert "checkpoint step 2" in proc.stdout
   assert index["files"] == _expected_files() and index["images"] == ["test[0]"]

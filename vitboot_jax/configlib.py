@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from vitboot_jax.errors import ConfigError
+
 MODES = ("vit", "agent", "joint", "shared", "cnn")
 AGENT_STEMS = ("res_like", "patch", "small", "small_full")
 TAPS = ("official", "centered")
@@ -297,50 +299,52 @@ def parse_arg(arg: str | None) -> dict[str, str]:
 def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Fails fast with a message that names the field and the fix."""
   if c.mode not in MODES:
-    raise ValueError(f"config.mode={c.mode!r} is unknown; choose one of {MODES}")
+    raise ConfigError(f"config.mode={c.mode!r} is unknown; choose one of {MODES}")
   if c.get("kernels", "auto") not in KERNELS:
-    raise ValueError(f"config.kernels={c.kernels!r} is unknown; choose one of {KERNELS}")
+    raise ConfigError(f"config.kernels={c.kernels!r} is unknown; choose one of {KERNELS}")
   if c.agent.stem not in AGENT_STEMS:
-    raise ValueError(f"config.agent.stem={c.agent.stem!r} is unknown; choose one of {AGENT_STEMS}")
+    raise ConfigError(f"config.agent.stem={c.agent.stem!r} is unknown; choose one of {AGENT_STEMS}")
   if c.agent.taps not in TAPS:
-    raise ValueError(f"config.agent.taps={c.agent.taps!r} is unknown; choose one of {TAPS}")
+    raise ConfigError(f"config.agent.taps={c.agent.taps!r} is unknown; choose one of {TAPS}")
   if c.model.init not in INITS + ATTENTION_INITS:
-    raise ValueError(
+    raise ConfigError(
       f"config.model.init={c.model.init!r} is unknown; choose one of {INITS + ATTENTION_INITS}"
     )
   if c.agent.init not in INITS:
-    raise ValueError(f"config.agent.init={c.agent.init!r} is unknown; choose one of {INITS}")
+    raise ConfigError(f"config.agent.init={c.agent.init!r} is unknown; choose one of {INITS}")
   if c.image_size % c.model.patch_size:
-    raise ValueError(
+    raise ConfigError(
       f"config.image_size={c.image_size} is not divisible by config.model.patch_size="
       f"{c.model.patch_size}; pick a patch size that divides the image size"
     )
   if c.model.embed_dim % c.model.num_heads:
-    raise ValueError(
+    raise ConfigError(
       f"config.model.embed_dim={c.model.embed_dim} is not divisible by "
       f"config.model.num_heads={c.model.num_heads}"
     )
   if not 0.0 < c.data.train_fraction <= 1.0:
-    raise ValueError(f"config.data.train_fraction={c.data.train_fraction} must be in (0, 1]")
+    raise ConfigError(f"config.data.train_fraction={c.data.train_fraction} must be in (0, 1]")
   if c.batch_size <= 0:
-    raise ValueError(f"config.batch_size={c.batch_size} must be positive")
+    raise ConfigError(f"config.batch_size={c.batch_size} must be positive")
   if not isinstance(c.eval_every_epochs, int) or c.eval_every_epochs < 1:
-    raise ValueError(f"config.eval_every_epochs={c.eval_every_epochs!r} must be a positive integer")
+    raise ConfigError(
+      f"config.eval_every_epochs={c.eval_every_epochs!r} must be a positive integer"
+    )
   if num_devices is not None and c.batch_size % num_devices:
-    raise ValueError(
+    raise ConfigError(
       f"config.batch_size={c.batch_size} is not divisible by the {num_devices} devices; "
       f"use a multiple of {num_devices}"
     )
   if c.loss.feature_decay not in FEATURE_DECAYS:
-    raise ValueError(
+    raise ConfigError(
       f"config.loss.feature_decay={c.loss.feature_decay!r} is unknown; choose one of "
       f"{FEATURE_DECAYS}"
     )
   if c.loss.adapt not in ADAPTERS:
-    raise ValueError(f"config.loss.adapt={c.loss.adapt!r} is unknown; choose one of {ADAPTERS}")
+    raise ConfigError(f"config.loss.adapt={c.loss.adapt!r} is unknown; choose one of {ADAPTERS}")
   if c.align not in ("pcgrad", "none"):
-    raise ValueError(f"config.align={c.align!r} is unknown; choose 'pcgrad' or 'none'")
+    raise ConfigError(f"config.align={c.align!r} is unknown; choose 'pcgrad' or 'none'")
   if c.align_granularity not in ("global", "per_leaf"):
-    raise ValueError(
+    raise ConfigError(
       f"config.align_granularity={c.align_granularity!r} is unknown; choose 'global' or 'per_leaf'"
     )

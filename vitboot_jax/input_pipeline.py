@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vitboot_jax import preprocess
+from vitboot_jax import errors, preprocess
 
 # TensorFlow is only the input pipeline here: keep it off every accelerator so it never reserves
 # GPU memory that JAX needs. This fails harmlessly if TF has already initialised its devices.
@@ -113,7 +113,7 @@ class _FolderSource:
     self.train_split = config.data.train_split
     self.root = config.data.dir
     if not self.root or not os.path.isdir(self.root):
-      raise FileNotFoundError(
+      raise errors.DataError(
         f"config.data.dir={self.root!r} not found; "
         + _FOLDER_HINT.format(split=config.data.train_split)
       )
@@ -163,7 +163,7 @@ class _TfdsSource:
     try:
       self.builder = tfds.builder(self.name, data_dir=self.data_dir, try_gcs=False)
     except tfds.core.registered.DatasetNotFoundError as e:
-      raise ValueError(
+      raise errors.ConfigError(
         f"config.data.name={self.name!r} is neither a tfds dataset nor 'folder' "
         "(for an image folder set --config.data.name=folder --config.data.dir=ROOT)"
       ) from e
@@ -183,10 +183,10 @@ class _TfdsSource:
       if "could not find data" not in str(e):
         raise
       where = self.data_dir or "the tfds default data_dir ($TFDS_DATA_DIR or ~/tensorflow_datasets)"
-      raise FileNotFoundError(
-        f"tfds dataset {self.name!r} is not prepared in data_dir={where}; run "
-        f"`tfds build {self.name} --data_dir={self.data_dir or '<dir>'}` on a machine with "
-        "internet (or copy the prepared dataset there) and pass it as --config.data.dir"
+      raise errors.DataError(
+        f"tfds dataset {self.name!r} is not prepared in data_dir={where}; run `python -m "
+        f"vitboot_jax.tools.prepare_data {self.name} --data_dir={self.data_dir or 'DIR'}` (or "
+        "copy a prepared dataset there) and pass it as --config.data.dir"
       ) from e
     except (KeyError, ValueError) as e:
       raise ValueError(f"config.data.{field}={split!r} cannot be read from {self.name}: {e}") from e
@@ -201,8 +201,9 @@ class _TfdsSource:
     return self._labels_and_names(split)[0]
 
   def file_names(self, split: str) -> np.ndarray | None:
-    """Each record's original file name (tfds `file_name`, e.g. imagenet2012's
-    'n01440764_10026.JPEG'), or None when the dataset has none."""
+    """Each record's original name: tfds `file_name` (e.g. imagenet2012's
+    'n01440764_10026.JPEG') or `id` (cifar10's 'train_00042', the index in the original
+    files), or None when the dataset has neither."""
     return self._labels_and_names(split)[1]
 
   def _labels_and_names(self, split: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -210,7 +211,9 @@ class _TfdsSource:
     key = (self.name, self.data_dir, split)
     if key in _LABEL_CACHE:
       return _LABEL_CACHE[key]
-    fields = [self.label_key] + (["file_name"] if "file_name" in self.builder.info.features else [])
+    # tfds stores records in a hashed order; the original name orders them as the source did.
+    names = [f for f in ("file_name", "id") if f in self.builder.info.features][:1]
+    fields = [self.label_key] + names
     decoders = tfds.decode.PartialDecoding({f: True for f in fields})
     ds = self._read(split, _field(split, self.train_split), decoders, try_autocache=False)
     ds = ds.map(lambda ex: tuple(ex[f] for f in fields)).batch(65536)
@@ -271,13 +274,13 @@ _LISTING_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 def _class_folders(root: str, split: str, field: str) -> list[str]:
   split_dir = os.path.join(root, split)
   if not os.path.isdir(split_dir):
-    raise FileNotFoundError(
+    raise errors.DataError(
       f"config.data.dir={root!r} has no {split!r} folder (config.data.{field}={split!r}); "
       + _FOLDER_HINT.format(split=split)
     )
   classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and e.name[0] != ".")
   if not classes:
-    raise FileNotFoundError(
+    raise errors.DataError(
       f"config.data.dir={root!r}: {split_dir} has no class subfolders; "
       + _FOLDER_HINT.format(split=split)
     )
@@ -317,7 +320,7 @@ def _list_folder(
     paths.extend(os.path.join(class_dir, f) for f in files)
     labels.extend([class_index[name]] * len(files))
   if not paths:
-    raise FileNotFoundError(
+    raise errors.DataError(
       f"config.data.dir={root!r}: no images under {split_dir}/<class>/; "
       + _FOLDER_HINT.format(split=split)
     )
@@ -333,7 +336,7 @@ def _source(config: ml_collections.ConfigDict) -> _FolderSource | _TfdsSource:
   """Opens config.data's source and checks its class count against config.data.num_classes."""
   source = _FolderSource(config) if config.data.name == "folder" else _TfdsSource(config)
   if len(source.class_names) != config.data.num_classes:
-    raise ValueError(
+    raise errors.ConfigError(
       f"config.data.num_classes={config.data.num_classes} but the data "
       f"({config.data.name}, {config.data.dir}) has {len(source.class_names)} classes; set "
       f"--config.data.num_classes={len(source.class_names)}"
@@ -343,7 +346,8 @@ def _source(config: ml_collections.ConfigDict) -> _FolderSource | _TfdsSource:
 
 def _train_subset(source: _FolderSource | _TfdsSource, config: ml_collections.ConfigDict):
   """The official subset of the training split, by file name where the source knows them (tfds
-  imagenet2012), so tfds and an image folder of the same images select the same ones."""
+  imagenet2012's file_name, cifar10's id), so tfds and an image folder of the same images select
+  the same ones."""
   split = config.data.train_split
   return subset_indices(source.labels(split), config.data.train_fraction, source.file_names(split))
 

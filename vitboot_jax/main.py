@@ -1,31 +1,42 @@
-r"""Trains a config: `python -m vitboot_jax.main --config=CONFIG[:args] --workdir=DIR`.
+r"""Trains a config: `python -m vitboot_jax.main --config=CONFIG[:ARGS] --workdir=DIR`.
 
-Overrides: `--config.batch_size=128 --config.data.dir=/data/cifar10`. Re-running the same
-command resumes from the newest complete checkpoint in DIR; a finished run exits at once.
+Overrides: `--config.batch_size=128 --config.data.dir=/data/cifar10`; every field of a config:
+`--config=CONFIG --print_config`. Re-running the same command resumes from the newest complete
+checkpoint in DIR; a finished run exits at once; another config in DIR is refused.
+
+Data: a tfds dataset is downloaded and prepared on first use into config.data.dir or tfds' default
+directory ($TFDS_DATA_DIR, else ~/tensorflow_datasets); an image folder is
+`--config.data.name=folder --config.data.dir=ROOT`. A mistake in the command (config, data,
+workdir) prints one line and exits with code 2.
 
 Multi-process (several hosts, or several processes on one host): on TPU VMs and under SLURM,
 `jax.distributed.initialize()` finds its peers by itself (pass --distributed); elsewhere pass
---coordinator_address=HOST:PORT --num_processes=N --process_id=I.
+--coordinator_address=HOST:PORT --num_processes=N --process_id=I. Such runs never download data:
+prepare it first with `python -m vitboot_jax.tools.prepare_data NAME --data_dir=DIR`.
 """
 
 from __future__ import annotations
 
-import logging as logging_lib
+import functools
 import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from vitboot_jax import cli, errors, progress
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
+_PRINT_CONFIG = flags.DEFINE_bool(
+  "print_config", False, "Print every field of the config (overrides applied) and exit."
+)
 _DISTRIBUTED = flags.DEFINE_bool(
   "distributed", None, "Call jax.distributed.initialize(); default: on under SLURM/TPU pods."
 )
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-flags.mark_flags_as_required(["config", "workdir"])
 
 
 def _multi_process_environment() -> bool:
@@ -35,13 +46,19 @@ def _multi_process_environment() -> bool:
   return "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
 
 
+def _is_multi_process() -> bool:
+  """Whether this run has several processes, known before jax.distributed starts."""
+  if _COORDINATOR.value is not None:
+    return True
+  return _DISTRIBUTED.value if _DISTRIBUTED.value is not None else _multi_process_environment()
+
+
 def initialise_distributed() -> None:
   """Connects the processes of a multi-process run; a no-op for a single process."""
   import jax
 
   explicit = _COORDINATOR.value is not None
-  wanted = _DISTRIBUTED.value if _DISTRIBUTED.value is not None else _multi_process_environment()
-  if not (explicit or wanted):
+  if not _is_multi_process():
     return
   # Cross-process collectives of the CPU backend (CPU-only runs, tests); no effect on GPU/TPU.
   # Set before initialize(): touching the backend first would make initialize() fail.
@@ -56,21 +73,26 @@ def initialise_distributed() -> None:
     jax.distributed.initialize()
 
 
-class _QuietLibraries(logging_lib.Filter):
-  """Drops INFO chatter of orbax and tfds (every checkpoint logs ~20 lines); keeps warnings."""
-
-  def filter(self, record: logging_lib.LogRecord) -> bool:
-    noisy = any(part in record.pathname for part in ("/orbax/", "/tensorflow_datasets/"))
-    return record.levelno >= logging_lib.WARNING or not noisy
-
-
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.get_absl_handler().addFilter(_QuietLibraries())
-  # TensorFlow is only the input pipeline: it must never take an accelerator from JAX.
-  import tensorflow as tf
+  del argv  # cli.parse_flags refused extra arguments.
+  config = _CONFIG.value
+  if _PRINT_CONFIG.value:
+    print(config)
+    return
+  progress.quiet_libraries()
+  from vitboot_jax import configlib, datasets, workdirs
 
+  # The user's mistakes, in seconds: before TensorFlow and JAX load and before anything is written.
+  try:
+    configlib.validate(config)
+    if workdirs.check(_WORKDIR.value, config) is not None:
+      logging.info("%s already holds a finished run of this config; nothing to do.", _WORKDIR.value)
+      return
+    datasets.ensure(config, may_download=not _is_multi_process())
+  except errors.UsageError as error:
+    cli.fail(str(error))
+  # TensorFlow is only the input pipeline: it must never take an accelerator from JAX.
+  tf = progress.import_tensorflow()
   tf.config.set_visible_devices([], "GPU")
   initialise_distributed()
   import jax
@@ -89,7 +111,9 @@ def main(argv):
   from vitboot_jax import checkpoint, preemption
 
   try:
-    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    train.train_and_evaluate(config, _WORKDIR.value)
+  except errors.UsageError as error:
+    cli.fail(str(error))
   except preemption.Preempted as stopped:
     logging.warning("%s", stopped)
     sys.exit(stopped.exit_code)
@@ -99,4 +123,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=functools.partial(cli.parse_flags, usage=__doc__))

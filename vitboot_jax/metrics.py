@@ -119,7 +119,7 @@ class MetricWriter:
   """Writes scalars per step to metrics.jsonl and to TensorBoard event files in `workdir`."""
 
   def __init__(self, workdir: epath.PathLike, *, asynchronous: bool = True):
-    """Opens the writers; only process 0 writes files, the others only log.
+    """Opens the writers; only process 0 writes files.
 
     Args:
       workdir: The run's directory; created if missing.
@@ -130,8 +130,12 @@ class MetricWriter:
     self._is_writer = jax.process_index() == 0
     if self._is_writer:
       self._workdir.mkdir(parents=True, exist_ok=True)
-    self._writer = metric_writers.create_default_writer(
-      os.fspath(self._workdir), just_logging=not self._is_writer, asynchronous=asynchronous
+    # No LoggingWriter: the console gets progress.py's compact line, not every scalar.
+    writers = [metric_writers.SummaryWriter(os.fspath(self._workdir))] if self._is_writer else []
+    self._writer = (
+      metric_writers.AsyncMultiWriter(writers)
+      if asynchronous
+      else metric_writers.MultiWriter(writers)
     )
 
   @property

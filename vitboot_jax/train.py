@@ -23,17 +23,20 @@ from etils import epath
 from vitboot_jax import (
   checkpoint,
   configlib,
+  datasets,
   evaluate,
   input_pipeline,
   metrics,
   preemption,
+  progress,
   sharding,
+  workdirs,
 )
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.state import TrainState
 
-FINAL_FILE = "final.json"
-CONFIG_FILE = "config.json"
+FINAL_FILE = workdirs.FINAL_FILE
+CONFIG_FILE = workdirs.CONFIG_FILE
 
 
 def _total_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
@@ -46,31 +49,6 @@ def eval_interval(config: ml_collections.ConfigDict, steps_per_epoch: int) -> in
   if config.eval_every_steps > 0:
     return config.eval_every_steps
   return steps_per_epoch * config.eval_every_epochs
-
-
-def _check_same_config(workdir: epath.Path, config: ml_collections.ConfigDict) -> None:
-  """A workdir belongs to one config: refuse to resume it with different hyper-parameters."""
-  path = workdir / CONFIG_FILE
-  if not path.exists():
-    return
-  saved = json.loads(path.read_text())
-  current = json.loads(config.to_json_best_effort())
-  # Fields that may change between runs without changing the experiment.
-  volatile = {
-    "log_every_steps",
-    "checkpoint_every_steps",
-    "keep_checkpoints",
-    "eval_every_steps",
-    "eval_every_epochs",
-  }
-  changed = sorted(
-    k for k in set(saved) | set(current) if k not in volatile and saved.get(k) != current.get(k)
-  )
-  if changed:
-    raise ValueError(
-      f"{workdir} holds a run with a different config (fields: {changed}); use a new --workdir "
-      "or the original config to resume it"
-    )
 
 
 class NonFiniteError(FloatingPointError):
@@ -123,41 +101,16 @@ class _FiniteCheck:
     )
 
 
-class _Progress:
-  """Logs step, epoch, img/s and ETA; throughput over the last reporting interval."""
-
-  def __init__(self, total_steps: int, steps_per_epoch: int, batch_size: int, start_step: int):
-    self.total, self.per_epoch, self.batch = total_steps, steps_per_epoch, batch_size
-    self.last_step, self.last_time = start_step, time.perf_counter()
-
-  def __call__(self, step: int, scalars: dict[str, float]) -> dict[str, float]:
-    now = time.perf_counter()
-    rate = (step - self.last_step) / max(now - self.last_time, 1e-9)
-    self.last_step, self.last_time = step, now
-    eta = (self.total - step) / max(rate, 1e-9)
-    shown = {k.split("/")[-1]: v for k, v in scalars.items() if "loss" in k or "top1" in k}
-    logging.info(
-      "step %d/%d epoch %.2f  %.1f img/s  ETA %s  %s",
-      step,
-      self.total,
-      step / self.per_epoch,
-      rate * self.batch,
-      time.strftime("%H:%M:%S", time.gmtime(eta)),
-      " ".join(f"{k}={v:.4f}" for k, v in sorted(shown.items())),
-    )
-    return {"train/img_per_s": rate * self.batch}
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains and evaluates `config` in `workdir`; returns the final metrics (final.json)."""
   configlib.validate(config, num_devices=jax.device_count())
   workdir = epath.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  if (workdir / FINAL_FILE).exists():
-    final = json.loads((workdir / FINAL_FILE).read_text())
-    logging.info("%s already holds a finished run (%s); nothing to do.", workdir, FINAL_FILE)
+  # Nothing is written to the workdir before these checks pass (the Checkpointer creates it).
+  final = workdirs.check(workdir, config)
+  if final is not None:
+    logging.info("%s already holds a finished run of this config; nothing to do.", workdir)
     return final
-  _check_same_config(workdir, config)
+  datasets.ensure(config, may_download=jax.process_count() == 1)
 
   mesh = sharding.make_mesh()
   info = input_pipeline.dataset_info(config)
@@ -187,10 +140,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   def run_eval(state: TrainState) -> dict[str, float]:
     local = input_pipeline.numpy_batches(eval_dataset, config, config.data.eval_split)
     batches = (sharding.global_batch(b, mesh) for b in local)
+    batches = progress_log.eval_batches(batches, num_eval_batches)
     return evaluate.evaluate(eval_step, state.params, state.batch_stats, batches)
 
   eval_every = eval_interval(config, steps_per_epoch)
-  progress = _Progress(total_steps, steps_per_epoch, config.batch_size, start_step)
+  num_eval_batches = -(-info.num_eval_examples // config.data.eval_batch_size)
+  progress_log = progress.Progress(
+    total_steps=total_steps,
+    steps_per_epoch=steps_per_epoch,
+    batch_size=config.batch_size,
+    start_step=start_step,
+    eval_every=eval_every,
+    num_eval_examples=info.num_eval_examples,
+  )
   logging.info(
     "Training %s (%s) for %d steps (%d per epoch, %d examples) on %d devices, %d processes",
     "+".join(models.names),
@@ -212,18 +174,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       is_last = step == total_steps
       if step % config.log_every_steps == 0 or is_last:
         scalars = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-        scalars.update(progress(step, scalars))
+        scalars.update(progress_log.step(step, scalars))
         writer.write(step, {"epoch": step / steps_per_epoch, **scalars})
       if step % eval_every == 0 or is_last:
         finite.now()
-        logging.info("Evaluating at step %d.", step)
-        eval_metrics = run_eval(state)
+        with progress_log.evaluating(step):
+          eval_metrics = run_eval(state)
         writer.write(step, {"epoch": step / steps_per_epoch, **eval_metrics})
-        logging.info(
-          "eval step %d: %s",
-          step,
-          " ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items() if "top1" in k),
-        )
+        progress_log.evaluated(step, eval_metrics)
       stopping = stop.reached(step) and not is_last
       if is_last or stopping or ckpt.should_save(step):
         finite.now()  # Never save a non-finite state.

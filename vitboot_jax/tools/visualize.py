@@ -43,6 +43,7 @@ from vitboot_jax import (
   device_preprocess,
   input_pipeline,
   preprocess,
+  progress,
   sharding,
 )
 from vitboot_jax import trainer as trainer_lib
@@ -555,6 +556,7 @@ def define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  progress.quiet_libraries()  # Restoring a checkpoint logs ~25 orbax INFO lines.
   result = run(_CONFIG.value, _OUT.value, _WORKDIR.value, _NUM_IMAGES.value, _IMAGES.value)
   source = "fresh init" if result.step is None else f"checkpoint step {result.step}"
   print(f"Wrote {len(result.files)} figures ({source}) and {INDEX_FILE} to {_OUT.value}")

@@ -1,0 +1,137 @@
+"""The console of a run: compact lines, an ETA that counts evaluations, no library chatter."""
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from tests.runs import env as _env
+from vitboot_jax import progress
+
+
+class FakeClock:
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+def _progress(clock, lines, **kwargs):
+  args = dict(
+    total_steps=100,
+    steps_per_epoch=20,
+    batch_size=10,
+    start_step=0,
+    eval_every=40,
+    num_eval_examples=300,
+    clock=clock,
+    log=lambda fmt, *a: lines.append(fmt % a),
+  )
+  args.update(kwargs)
+  return progress.Progress(**args)
+
+
+def test_duration_and_evaluation_count():
+  assert [progress.duration(s) for s in (4.4, 65, 3725)] == ["4s", "1m05s", "1h02m"]
+  # Evaluations at 40, 80 and the last step 100.
+  assert [progress.evaluations_after(s, 100, 40) for s in (0, 39, 40, 80, 99, 100)] == [
+    3,
+    3,
+    2,
+    1,
+    1,
+    0,
+  ]
+  assert progress.evaluations_after(0, 80, 40) == 2  # The last step is an evaluation step.
+
+
+def test_eta_counts_remaining_evaluations_at_their_measured_cost():
+  clock, lines = FakeClock(), []
+  p = _progress(clock, lines)
+  clock.now = 30.0  # Steps 1-10 hold compilation: 3 s/step, left out once others exist.
+  p.step(10, {"train/loss_vit": 2.0})
+  clock.now = 40.0  # 1 s/step from here on.
+  p.step(20, {})
+  # 80 steps at 1 s; 3 evaluations of 300 images at a third of 0.1 s per training image.
+  assert p.eta(20) == pytest.approx(80 + 3 * 10)
+  clock.now = 60.0
+  p.step(40, {})
+  with p.evaluating(40):
+    clock.now = 100.0  # The evaluation takes 40 s.
+  p.evaluated(40, {"eval/top1_vit": 0.25, "eval/top1_agent": 0.5, "eval/ce_vit": 2.0})
+  assert p.eval_seconds == 40.0
+  assert p.eta(40, evaluated=True) == pytest.approx(60 + 2 * 40)
+  assert p.eta(40) == pytest.approx(60 + 3 * 40)  # A line at step 40 comes before its evaluation.
+  assert (p.eta(100), p.eta(100, evaluated=True)) == (40.0, 0.0)  # The last step's evaluation.
+  clock.now = 120.0  # 20 steps in 20 s of training, the evaluation's 40 s left out.
+  p.step(60, {"train/loss_vit": 1.5, "train/loss_agent": 1.25, "train/grad_norm": 3.0})
+  assert p.seconds_per_step() == pytest.approx(1.0)
+  assert p.eta(60) == pytest.approx(40 + 2 * 40)
+  line = lines[-1]
+  assert line.startswith("step 60/100 ep 3.00  loss agent 1.250 vit 1.500")
+  assert "top-1 agent 50.0% vit 25.0%" in line and "  10 img/s" in line and "ETA 2m00s" in line
+  assert "grad_norm" not in line and len(line) < 130
+  assert "Evaluating at step 40 (about 10s)." in lines  # 300 images at a third of 0.1 s.
+  assert "eval at step 40: top-1 agent 50.00% vit 25.00% (40s)" in lines
+
+
+def test_a_line_during_a_long_evaluation():
+  clock, lines = FakeClock(), []
+  p = _progress(clock, lines)
+  clock.now = 10.0
+  p.step(10, {})
+  clock.now = 20.0
+  p.step(20, {})  # 1 s/step.
+  clock.now = 40.0
+  p.step(40, {})
+
+  def batches():
+    for i in range(10):
+      clock.now += 7.0  # 70 s in all: a line once 30 s have passed, then again.
+      yield i
+
+  with p.evaluating(40):
+    assert list(p.eval_batches(batches(), num_batches=10)) == list(range(10))
+  during = [line for line in lines if line.startswith("evaluating at step 40")]
+  assert len(during) == 2
+  # 4 of 10 batches in 35 s: 52.5 s left of it, then 60 steps and 2 estimated evaluations.
+  assert during[0] == "evaluating at step 40: batch 4/10  ETA 2m12s"
+
+
+def test_library_info_is_dropped_and_warnings_kept():
+  quiet = progress._QuietLibraries()
+
+  def record(path, level):
+    return logging.LogRecord("absl", level, path, 1, "message", None, None)
+
+  assert not quiet.filter(record("/site-packages/orbax/checkpoint/manager.py", logging.INFO))
+  assert not quiet.filter(record("/site-packages/tensorflow_datasets/core/x.py", logging.INFO))
+  assert quiet.filter(record("/site-packages/orbax/checkpoint/manager.py", logging.WARNING))
+  assert not quiet.filter(record("/site-packages/jax/_src/xla_bridge.py", logging.INFO))
+  assert quiet.filter(record("/vitboot_jax/train.py", logging.INFO))
+
+
+def test_tensorflow_starts_quietly():
+  code = "from vitboot_jax import progress; progress.import_tensorflow(); print('imported')"
+  variables = _env(1)
+  variables.pop("TF_CPP_MIN_LOG_LEVEL", None)
+  proc = subprocess.run(
+    [sys.executable, "-c", code], env=variables, capture_output=True, text=True, timeout=120
+  )
+  assert proc.returncode == 0 and proc.stdout == "imported\n", proc.stderr
+  assert "oneDNN" not in proc.stderr and "absl::InitializeLog" not in proc.stderr, proc.stderr
+
+
+def test_console_of_a_run_is_compact(uninterrupted):
+  """The tiny end-to-end run (30 steps, a line every step, 3 evaluations)."""
+  console = (uninterrupted.parent / "uninterrupted.console.txt").read_text()
+  lines = console.splitlines()
+  step_lines = [line for line in lines if "] step " in line]
+  assert len(step_lines) == 30
+  assert all("img/s  ETA " in line and len(line) < 200 for line in step_lines)
+  assert sum("] eval at step" in line for line in lines) == 3
+  for chatter in ("train/grad_norm", "train/lr", "oneDNN", "orbax", "absl::InitializeLog"):
+    assert chatter not in console, chatter
+  assert len(lines) < 60, console

@@ -1,0 +1,197 @@
+"""What a run prints: one compact line per log step, lines during evaluation, an honest ETA.
+
+Everything else (every loss term, gradient norms, learning rate) goes to metrics.jsonl and
+TensorBoard only. The ETA counts the training steps left at the rate measured since the first
+logged interval (which holds compilation) and every evaluation left at the duration of the last
+one; before the first evaluation, an evaluation is estimated at a third of the training cost per
+image (a forward pass without the backward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging as logging_lib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from absl import logging
+
+_EVAL_COST_PER_IMAGE = 1 / 3  # Of a training image's cost, until an evaluation is measured.
+EVAL_LOG_SECONDS = 30.0
+
+
+def duration(seconds: float) -> str:
+  """'42s', '6m05s', '2h03m'."""
+  seconds = max(0, round(seconds))
+  if seconds < 60:
+    return f"{seconds}s"
+  if seconds < 3600:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def evaluations_after(step: int, total_steps: int, eval_every: int) -> int:
+  """Evaluations at steps in (step, total_steps]: every eval_every-th step, and the last."""
+  count = total_steps // eval_every - step // eval_every
+  return count + (1 if total_steps % eval_every and step < total_steps else 0)
+
+
+class Progress:
+  """Logs progress lines and measures training and evaluation time for the ETA."""
+
+  def __init__(
+    self,
+    *,
+    total_steps: int,
+    steps_per_epoch: int,
+    batch_size: int,
+    start_step: int,
+    eval_every: int,
+    num_eval_examples: int,
+    clock: Callable[[], float] = time.perf_counter,
+    log: Callable[..., None] = logging.info,
+  ):
+    self.total, self.per_epoch, self.batch = total_steps, steps_per_epoch, batch_size
+    self.eval_every, self.num_eval = eval_every, num_eval_examples
+    self._clock, self._log = clock, log
+    self._mark_step, self._mark_time = start_step, clock()
+    self._paused = 0.0  # Evaluation seconds inside the current log interval.
+    self._first_interval = True  # Holds compilation: left out of the rate once others exist.
+    self._steps, self._seconds = 0, 0.0  # Training since the first interval.
+    self._first_rate: float | None = None
+    self.eval_seconds: float | None = None  # Duration of the last evaluation.
+    self.top1: dict[str, float] = {}
+
+  def seconds_per_step(self) -> float | None:
+    if self._steps:
+      return self._seconds / self._steps
+    return None if self._first_rate is None else 1.0 / self._first_rate
+
+  def _eval_estimate(self) -> float:
+    if self.eval_seconds is not None:
+      return self.eval_seconds
+    per_step = self.seconds_per_step() or 0.0
+    return per_step / self.batch * self.num_eval * _EVAL_COST_PER_IMAGE
+
+  def eta(self, step: int, *, evaluated: bool = False) -> float:
+    """Seconds left once step `step` has trained: the steps and evaluations still to come, the
+    evaluation at `step` itself included unless `evaluated`."""
+    per_step = self.seconds_per_step() or 0.0
+    evals = evaluations_after(step, self.total, self.eval_every)
+    if not evaluated and (step % self.eval_every == 0 or step == self.total):
+      evals += 1
+    return (self.total - step) * per_step + evals * self._eval_estimate()
+
+  def step(self, step: int, scalars: Mapping[str, float]) -> dict[str, float]:
+    """Logs the line of a log step; returns the throughput for the metrics."""
+    now = self._clock()
+    seconds = max(now - self._mark_time - self._paused, 1e-9)
+    rate = (step - self._mark_step) / seconds
+    if self._first_interval:
+      self._first_rate, self._first_interval = rate, False
+    else:
+      self._steps += step - self._mark_step
+      self._seconds += seconds
+    self._mark_step, self._mark_time, self._paused = step, now, 0.0
+    losses = _by_model(scalars, "train/loss_")
+    line = f"step {step}/{self.total} ep {step / self.per_epoch:.2f}"
+    if losses:
+      line += "  loss " + " ".join(f"{k} {v:.3f}" for k, v in losses.items())
+    if self.top1:
+      line += "  top-1 " + " ".join(f"{k} {100 * v:.1f}%" for k, v in self.top1.items())
+    self._log("%s  %.0f img/s  ETA %s", line, rate * self.batch, duration(self.eta(step)))
+    return {"train/img_per_s": rate * self.batch}
+
+  @contextlib.contextmanager
+  def evaluating(self, step: int) -> Iterator[None]:
+    """Times an evaluation at `step` (kept out of the training rate)."""
+    start = self._clock()
+    self._eval_step, self._eval_start = step, start
+    self._log("Evaluating at step %d (about %s).", step, duration(self._eval_estimate()))
+    yield
+    self.eval_seconds = self._clock() - start
+    self._paused += self.eval_seconds
+
+  def eval_batches(self, batches: Iterable, num_batches: int) -> Iterator:
+    """Passes `batches` through, logging a line every EVAL_LOG_SECONDS of the evaluation."""
+    last = self._clock()
+    for i, batch in enumerate(batches):
+      now = self._clock()
+      if i and now - last >= EVAL_LOG_SECONDS:
+        last = now
+        elapsed = now - self._eval_start
+        left = elapsed / i * max(num_batches - i, 0)
+        after = self.eta(self._eval_step, evaluated=True)  # What follows this evaluation.
+        self._log(
+          "evaluating at step %d: batch %d/%d  ETA %s",
+          self._eval_step,
+          i,
+          num_batches,
+          duration(left + after),
+        )
+      yield batch
+
+  def evaluated(self, step: int, eval_metrics: Mapping[str, float]) -> None:
+    """Logs the evaluation's top-1 and remembers it for the following lines."""
+    self.top1 = _by_model(eval_metrics, "eval/top1_")
+    self._log(
+      "eval at step %d: top-1 %s (%s)",
+      step,
+      " ".join(f"{k} {100 * v:.2f}%" for k, v in self.top1.items()),
+      duration(self.eval_seconds or 0.0),
+    )
+
+
+def _by_model(scalars: Mapping[str, float], prefix: str) -> dict[str, float]:
+  return {k.removeprefix(prefix): v for k, v in sorted(scalars.items()) if k.startswith(prefix)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Library chatter: TensorFlow's C++ start-up lines and orbax/tfds INFO logs stay off the console;
+# warnings and errors still show.
+
+_TF_STARTUP_CHATTER = ("WARNING: All log messages before absl::InitializeLog()",)
+
+
+_NOISY_PATHS = ("/orbax/", "/tensorflow_datasets/", "/jax/_src/xla_bridge.py")
+
+
+class _QuietLibraries(logging_lib.Filter):
+  """Drops INFO chatter of orbax and tfds (every checkpoint logs ~20 lines) and JAX's backend
+  probing ("Unable to initialize backend 'tpu'" on every CPU run); keeps warnings."""
+
+  def filter(self, record: logging_lib.LogRecord) -> bool:
+    noisy = any(part in record.pathname for part in _NOISY_PATHS)
+    return record.levelno >= logging_lib.WARNING or not noisy
+
+
+def quiet_libraries() -> None:
+  """Keeps orbax's and tfds' INFO logs off the console (absl's handler), warnings stay."""
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _QuietLibraries) for f in handler.filters):
+    handler.addFilter(_QuietLibraries())
+
+
+def import_tensorflow():
+  """Imports TensorFlow without its C++ INFO start-up lines (printed once per loaded library)."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  if "tensorflow" in sys.modules:
+    return sys.modules["tensorflow"]
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      import tensorflow as tf
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      for line in captured.read().decode(errors="replace").splitlines(keepends=True):
+        if not (line.startswith(_TF_STARTUP_CHATTER) or line[:1] == "I" and line[1:5].isdigit()):
+          sys.stderr.write(line)
+      sys.stderr.flush()
+  return tf
