@@ -1,15 +1,13 @@
 """The benchmark tool: JSON lines with every field, on the test devices, in one process."""
 
 import dataclasses
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax.tools import benchmark
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 MODE_KEYS = {
   "mode",
   "batch",
@@ -24,13 +22,6 @@ MODE_KEYS = {
   "peak_mem_bytes",
   "devices",
 }
-
-
-def load_config(name: str, arg: str | None = None):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 def test_benchmark_prints_one_json_object_per_line():

@@ -12,7 +12,7 @@ from vitboot_jax import init_from, sharding, steps
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 
-TINY = pathlib.Path(__file__).resolve().parents[1] / "configs" / "tiny_test.py"
+TINY = pathlib.Path(__file__).resolve().parent / "tiny_test.py"
 
 
 def _config(arg):

@@ -1,6 +1,5 @@
 """Every step of every mode lowers for GPUs and TPUs: real convolutions, no host callbacks."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -9,16 +8,10 @@ import sys
 
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax.tools import lowering
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def load_config(name: str):
-  spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(None)
 
 
 def check_accelerator_rows(rows, platforms=("cuda", "tpu")):

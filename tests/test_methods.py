@@ -1,32 +1,21 @@
 """Method switches (SAM, entmax, DrLoc, mimetic/impulse init, CNN baselines) in the step."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax import steps
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
-
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 
 def jitted_gradients(config, models, variables, batch, rng, weight):
   """steps.model_gradients under jit (op-by-op it is many times slower)."""
   fn = jax.jit(lambda v, b, r, w: steps.model_gradients(config, models, v, b, r, w))
   return fn(variables, batch, rng, weight)
-
-
-def load_config(name, arg=None):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 def batch_of(n=8, size=32, classes=10, seed=0):

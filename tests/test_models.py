@@ -1,27 +1,16 @@
 """Models: sizes of the paper, CONV semantics, literal weight sharing, official initialisation."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.models import agent as agent_lib
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models.build import build_models
 from vitboot_jax.tools.summary import summarise
-
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
-
-
-def load_config(name: str, arg: str | None = None):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 @pytest.mark.parametrize(

@@ -167,10 +167,14 @@ def test_changing_any_pinned_field_of_any_row_names_that_field():
       assert [e.split(":")[0] for e in errors] == [field], (row_config, field, errors)
 
 
-def test_a_recipe_change_fails_naming_row_and_field(monkeypatch):
+def test_a_recipe_change_fails_naming_row_and_field(monkeypatch, tmp_path):
   """A change where recipes are written (here: Agent-B becomes pre-norm) fails the row."""
-  monkeypatch.setitem(configlib.AGENT_PRESETS, "vit_b", {**configlib.AGENT_PRESETS["vit_b"]})
-  monkeypatch.setitem(configlib.AGENT_PRESETS["vit_b"], "pre_norm", True)
+  config = (REPO / "configs" / "vitb_cifar100.py").read_text()
+  assert config.count("c.agent.pre_norm = False") == 1
+  (tmp_path / "configs").mkdir()
+  edited = config.replace("c.agent.pre_norm = False", "c.agent.pre_norm = True")
+  (tmp_path / "configs" / "vitb_cifar100.py").write_text(edited)
+  monkeypatch.setitem(globals(), "REPO", tmp_path)  # load_config reads the edited copy.
   with pytest.raises(AssertionError) as failure:
     check_row("configs/vitb_cifar100.py:mode=agent")
   message = str(failure.value)

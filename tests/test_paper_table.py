@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.tools import paper_table
 
@@ -78,6 +79,6 @@ def test_report_reads_final_json(tmp_path):
   [("decay=linear", "config.loss.feature_decay='linear'"), ("adapt=bilinear", "config.loss.adapt")],
 )
 def test_bad_ablation_switch_names_the_field(arg, field):
-  config = configlib.paper_config("cifar100", "vit_s", f"mode=joint,{arg}")
+  config = load_config("vits_cifar100", f"mode=joint,{arg}")
   with pytest.raises(ValueError, match=field.replace("(", r"\(")):
     configlib.validate(config)
