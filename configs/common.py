@@ -20,6 +20,22 @@ LOSS_WEIGHTS = {
 }
 
 
+def loss_weights(mode: str) -> dict:
+  """The official loss weights of `mode` (LOSS_WEIGHTS), with a clear error for a typo."""
+  if mode not in LOSS_WEIGHTS:
+    raise ValueError(f"mode={mode!r} is unknown; choose one of {sorted(LOSS_WEIGHTS)}")
+  return LOSS_WEIGHTS[mode]
+
+
+def agent_stem(kind: str) -> str:
+  """The agent= arg, the paper's agent kinds, as config.agent.stem: "res_like" or "base" (the
+  ViT-like patch stem, config.agent.stem="patch")."""
+  stems = {"res_like": "res_like", "base": "patch"}
+  if kind not in stems:
+    raise ValueError(f"agent={kind!r} is unknown; choose 'res_like' or 'base'")
+  return stems[kind]
+
+
 # The method switches every ViT config accepts as args, with their off values (see switches()).
 SWITCHES = dict(
   sam=0.0,
@@ -151,19 +167,3 @@ def cifar10_folder_32px() -> dict:
     cache=True,
     eval_batch_size=256,
   )
-
-
-def loss_weights(mode: str) -> dict:
-  """The official loss weights of `mode` (LOSS_WEIGHTS), with a clear error for a typo."""
-  if mode not in LOSS_WEIGHTS:
-    raise ValueError(f"mode={mode!r} is unknown; choose one of {sorted(LOSS_WEIGHTS)}")
-  return LOSS_WEIGHTS[mode]
-
-
-def agent_stem(kind: str) -> str:
-  """The agent= arg, the paper's agent kinds, as config.agent.stem: "res_like" or "base" (the
-  ViT-like patch stem, config.agent.stem="patch")."""
-  stems = {"res_like": "res_like", "base": "patch"}
-  if kind not in stems:
-    raise ValueError(f"agent={kind!r} is unknown; choose 'res_like' or 'base'")
-  return stems[kind]

@@ -6,7 +6,8 @@ Command (uses the image-folder copy of CIFAR-10; any `root/{train,test}/<class>/
 
 Model: ViT 144-d, 6 layers, 9 heads, patch 4 (8x8 tokens); agent with the small 32-px stem
 (16x16) down-sampling after block 0. 10% of the training set per class (5,000 images), batch 64.
-Args: mode=shared|joint|vit|agent (default shared), epochs=N (default 5), method switches.
+Args: mode=shared|joint|vit|agent (default shared), epochs=N (default 5), and the method switches
+of configs/common.py.
 Time and results: docs/results.md.
 """
 
@@ -47,7 +48,7 @@ def get_config(arg=None):
   c.agent.mlp_dropout = 0.1 if arg.mode in ("agent", "joint") else 0.0
   c.agent.residual_dropout = 0.0
 
-  c.loss.update(common.loss_weights(arg.mode))
+  c.loss.update(common.loss_weights(arg.mode))  # The official weights of the mode.
 
   # The paper's recipe: AdamW on every leaf, per-epoch cosine, no warmup.
   c.optim.name = "adamw"

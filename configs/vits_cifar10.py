@@ -53,7 +53,7 @@ def get_config(arg=None):
   c.agent.mlp_dropout = 0.1
   c.agent.residual_dropout = 0.0 if arg.mode in ("agent", "joint") else 0.1
 
-  c.loss.update(common.loss_weights(arg.mode))
+  c.loss.update(common.loss_weights(arg.mode))  # The official weights of the mode.
 
   # AdamW on every leaf, per-epoch cosine, no warmup.
   c.optim.name = "adamw"
