@@ -1,11 +1,10 @@
 """Every paper row of the table runner resolves to the recipe in tests/paper_recipes.py."""
 
-import importlib.util
 import pathlib
 
 import pytest
 
-from tests import paper_recipes
+from tests import config_files, paper_recipes
 from vitboot_jax import configlib
 from vitboot_jax.tools import paper_table
 
@@ -13,12 +12,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def load_config(row_config: str):
-  """get_config(arg) of a runner row's "configs/<file>.py:<args>"."""
-  path, _, arg = row_config.partition(":")
-  spec = importlib.util.spec_from_file_location("paper_row", REPO / path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  """get_config(arg) of a runner row's "configs/<file>.py:<args>" (of REPO: tests may edit)."""
+  return config_files.load_config(str(REPO / row_config))
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "cifar100", "imagenet"])

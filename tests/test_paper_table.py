@@ -1,6 +1,5 @@
 """The paper-table runner: every row is a valid config, and the report reads final.json."""
 
-import importlib.util
 import json
 import pathlib
 
@@ -14,11 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _config(row):
-  path, _, arg = row.config.partition(":")
-  spec = importlib.util.spec_from_file_location("row", REPO / path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return load_config(row.config)
 
 
 @pytest.mark.parametrize("table", paper_table.TABLES)
