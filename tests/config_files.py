@@ -1,4 +1,4 @@
-"""`load_config`: the one loader of config files (configs/, and tests/tiny_test.py) in tests."""
+"""`load_config`: the one loader of config files (configs/, and tests/tiny_config.py) in tests."""
 
 import importlib.util
 import pathlib
@@ -8,7 +8,7 @@ TEST_CONFIGS = REPO / "tests"
 
 
 def config_path(name: str) -> pathlib.Path:
-  """configs/<name>.py, or tests/<name>.py for the test-only config (tiny_test)."""
+  """configs/<name>.py, or tests/<name>.py for the test-only config (tiny_config)."""
   for folder in (REPO / "configs", TEST_CONFIGS):
     if (folder / f"{name}.py").exists():
       return folder / f"{name}.py"
@@ -16,7 +16,7 @@ def config_path(name: str) -> pathlib.Path:
 
 
 def load_config(spec: str, arg: str | None = None):
-  """get_config(arg) of a config: a name ("tiny_test", "vits_cifar100") with `arg`, or a path
+  """get_config(arg) of a config: a name ("tiny_config", "vits_cifar100") with `arg`, or a path
   relative to the repository root with its args ("configs/vits_cifar100.py:mode=joint")."""
   if spec.endswith(".py") or ".py:" in spec:
     path, _, spec_arg = spec.partition(":")

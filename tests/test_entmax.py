@@ -180,7 +180,7 @@ def test_sparse_vit_alpha_per_layer_and_gradients():
 
 
 def test_config_builds_sparse_vit():
-  config = load_config("tiny_test", "mode=vit")
+  config = load_config("tiny_config", "mode=vit")
   config.model.attention = "entmax"
   images = jnp.zeros((1, 32, 32, 3))
   variables = jax.eval_shape(build_models(config).init, jax.random.key(0), images)
@@ -189,7 +189,7 @@ def test_config_builds_sparse_vit():
 
 
 def test_bad_attention_names_the_field():
-  config = load_config("tiny_test", "mode=vit")
+  config = load_config("tiny_config", "mode=vit")
   config.model.attention = "linear"
   with pytest.raises(ValueError, match=r"config\.model\.attention='linear'.*softmax.*entmax"):
     jax.eval_shape(build_models(config).init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))

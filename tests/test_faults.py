@@ -174,7 +174,7 @@ def test_stop_signals_are_recorded_and_handlers_restored():
 
 
 def _tiny_config(folder):
-  config = load_config("tiny_test")
+  config = load_config("tiny_config")
   config.data.dir = str(folder)
   config.num_epochs = 1
   return config

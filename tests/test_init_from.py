@@ -13,7 +13,7 @@ from vitboot_jax.state import create_state
 
 
 def _config(arg):
-  return load_config("tiny_test", arg)
+  return load_config("tiny_config", arg)
 
 
 def _fresh_state(config):

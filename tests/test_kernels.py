@@ -28,7 +28,7 @@ def test_auto_follows_the_devices_and_explicit_choices_win():
 
 
 def test_builder_resolves_config_kernels():
-  config = load_config("tiny_test")
+  config = load_config("tiny_config")
   assert config.kernels == "auto"
   assert build_models(config).kernels.name == "cpu"
   assert build_models(config, platform="tpu").kernels.name == "xla"

@@ -29,7 +29,7 @@ def check_accelerator_rows(rows, platforms=("cuda", "tpu")):
 
 
 def test_tiny_config_lowers_for_accelerators_and_cpu():
-  config = load_config("tiny_test")
+  config = load_config("tiny_config")
   printed = []
   rows = lowering.run(config, platforms=("cuda", "tpu", "cpu"), emit=printed.append)
   assert [json.loads(line) for line in printed] == rows
@@ -48,7 +48,7 @@ def test_tiny_config_lowers_for_accelerators_and_cpu():
 
 def test_unknown_mode_is_rejected():
   with pytest.raises(ValueError, match="--modes"):
-    lowering.run(load_config("tiny_test"), platforms=("cuda",), modes=("cnn",))
+    lowering.run(load_config("tiny_config"), platforms=("cuda",), modes=("cnn",))
 
 
 @pytest.mark.slow

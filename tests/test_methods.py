@@ -41,7 +41,7 @@ def make(config):
   "switch", ["sam=1", "attention=entmax", "drloc=0.1", "init=mimetic", "init=impulse3"]
 )
 def test_switch_trains_in_shared_mode(switch):
-  config = load_config("tiny_test", f"mode=shared,{switch}")
+  config = load_config("tiny_config", f"mode=shared,{switch}")
   models, _, state, step = make(config)
   jitted = jax.jit(step)
   for _ in range(2):
@@ -55,7 +55,7 @@ def test_switch_trains_in_shared_mode(switch):
 
 
 def test_sam_ascends_rho_and_updates_with_the_perturbed_gradient():
-  config = load_config("tiny_test", "mode=vit,sam=0.05")
+  config = load_config("tiny_config", "mode=vit,sam=0.05")
   config.optim.eps = 1e-3  # Keeps AdamW's first step smooth in g (see test_steps).
   models, tx, state, step = make(config)
   batch = batch_of()
@@ -85,7 +85,7 @@ def test_sam_ascends_rho_and_updates_with_the_perturbed_gradient():
 
 
 def test_drloc_head_is_trained_and_private_to_its_model():
-  config = load_config("tiny_test", "mode=shared,drloc=0.5")
+  config = load_config("tiny_config", "mode=shared,drloc=0.5")
   config.drloc.models = ("vit", "agent")
   models, _, state, _ = make(config)
   assert {"drloc_vit", "drloc_agent"} <= set(state.params)
@@ -102,7 +102,7 @@ def test_drloc_head_is_trained_and_private_to_its_model():
 
 
 def test_drloc_on_unknown_model_names_the_field():
-  config = load_config("tiny_test", "mode=vit,drloc=0.1")
+  config = load_config("tiny_config", "mode=vit,drloc=0.1")
   config.drloc.models = ("agent",)
   with pytest.raises(ValueError, match="config.drloc.models"):
     build_models(config)
@@ -152,7 +152,7 @@ def test_sparse_vitb_config_builds_vitb():
 
 def test_drloc_classification_variant_sizes_its_heads_from_the_grids():
   # "ce"/"reg" heads need the pooled grid size; the shared agent's grid is probed with the ViT.
-  config = load_config("tiny_test", "mode=shared,drloc=0.1")
+  config = load_config("tiny_config", "mode=shared,drloc=0.1")
   config.drloc.models = ("vit", "agent")
   config.drloc.variant = "ce"
   models = build_models(config)

@@ -103,7 +103,7 @@ def test_tap_positions():
 
 
 def _tiny(mode="shared", **overrides):
-  config = load_config("tiny_test", f"mode={mode}")
+  config = load_config("tiny_config", f"mode={mode}")
   for key, value in overrides.items():
     group, field = key.split(".") if "." in key else (None, key)
     (config[group] if group else config)[field] = value
@@ -224,7 +224,7 @@ def test_dropout_only_in_train_mode():
   ],
 )
 def test_bad_config_names_the_field(field, value, message):
-  config = load_config("tiny_test")
+  config = load_config("tiny_config")
   group, key = field.split(".") if "." in field else (None, field)
   (config[group] if group else config)[key] = value
   with pytest.raises(ValueError, match=message):
@@ -232,7 +232,7 @@ def test_bad_config_names_the_field(field, value, message):
 
 
 def test_even_window_heads_need_centered_taps():
-  config = load_config("tiny_test")
+  config = load_config("tiny_config")
   config.model.num_heads = 4
   config.model.embed_dim = 32
   with pytest.raises(ValueError, match="taps=centered"):

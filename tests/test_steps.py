@@ -26,7 +26,7 @@ def jitted_gradients(config, models, variables, batch, rng, weight):
 
 
 def tiny_config(mode="shared", **updates):
-  config = load_config("tiny_test", f"mode={mode}")
+  config = load_config("tiny_config", f"mode={mode}")
   config.num_epochs = 2
   for key, value in updates.items():
     group, field = key.split(".") if "." in key else (None, key)

@@ -144,7 +144,7 @@ def test_bad_input_fails_fast_naming_the_field(override, message, tmp_path):
 
   sys.path.insert(0, str(REPO))
 
-  config = load_config("tiny_test")
+  config = load_config("tiny_config")
   config.data.dir = "/nonexistent/cifar"
   key, value = override.removeprefix("--config.").split("=")
   target = config
@@ -171,7 +171,7 @@ def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
     train.checkpoint, "Checkpointer", functools.partial(checkpoint.Checkpointer, async_save=False)
   )
 
-  config = load_config("tiny_test", "data=cifar10")
+  config = load_config("tiny_config", "data=cifar10")
   config.num_epochs = 2  # 48 examples / batch 16: 3 steps per epoch, 6 in all; stop at 4.
   config.total_steps = 4
   config.checkpoint_every_steps = 2
