@@ -7,36 +7,60 @@ An image folder of CIFAR-10 instead (`ROOT/{train,test}/<class>/*.jpg`; what CI 
 
 Model: ViT 144-d, 6 layers, 9 heads, patch 4 (8x8 tokens); agent with the small 32-px stem
 (16x16) down-sampling after block 0. 10% of the training set per class (5,000 images), batch 64.
-Args: mode=shared|joint|vit|agent (default shared), epochs=N (default 5), method switches.
-
-Measured on the 2-core CPU VM (1 device, default args = 5 epochs, seed 0; README "Measured
-results"): commit abc6ec9, 10.0 min wall on the idle VM, final top-1 on the 10,000 test images
-ViT 23.30% / agent 30.08%; alone (mode=vit, mode=agent; 2 seeds) 42.05% / 42.53%. At this scale
-the agent does not help the ViT: the feature term (weight 5) holds it back (feature_vit=0: ViT
-39.79% / agent 44.04%).
+Args: mode=shared|joint|vit|agent (default shared), epochs=N (default 5), and the method switches
+of configs/common.py.
+Time and results: docs/results.md.
 """
 
+from configs import common
 from vitboot_jax import configlib
 
 
 def get_config(arg=None):
-  args = configlib.parse_arg(arg)
+  arg = common.parse_arg(arg, mode="shared", epochs=5, **common.SWITCHES)
   c = configlib.base_config()
-  c.data.name = "cifar10"  # tfds; data.dir unset: tfds' default data directory.
-  c.data.num_classes = 10
-  c.data.normalisation = "cifar10"
-  c.data.train_fraction = 0.1
-  c.data.shuffle_buffer = 5000
+  c.mode = arg.mode
+  c.data.update(common.cifar10_32px())
   c.image_size = 32
-  c.model.patch_size = 4
-  configlib.set_vit(c, "vit_cpu")
-  configlib.set_agent_stem(c, "small")
-  configlib.set_mode(c, args.get("mode", "shared"))
-  configlib.apply_method_args(c, args)
-  c.num_epochs = int(args.get("epochs", 5))
+  c.batch_size = 64
+  c.num_epochs = arg.epochs
   c.checkpoint_every_steps = 200
-  # A full evaluation of both models on the 10,000 test images costs ~1 min on 2 CPU cores, 2/3
-  # of a training epoch: evaluating after epochs 3 and 5 instead of all 5 saves ~3 minutes.
+  # A full evaluation of both models on the 10,000 test images costs 2/3 of a training epoch on
+  # 2 CPU cores: evaluating after epochs 3 and 5 instead of all 5 saves most of it.
   c.eval_every_epochs = 3
   c.log_every_steps = 20
+
+  # ViT: 144 wide, 6 layers, 9 heads (the full 3x3 CONV window), patch 4 (8x8 tokens).
+  c.model.name = "vit_cpu"
+  c.model.patch_size = 4
+  c.model.embed_dim = 144
+  c.model.depth = 6
+  c.model.num_heads = 9
+  c.model.mlp_dim = 288
+  c.model.dropout = 0.0
+  c.model.ln_eps = 1e-5
+
+  # Agent: the small 32-px stem (16x16), down-sampling to the 8x8 token grid after block 0.
+  c.agent.stem = "small"
+  c.agent.stem_channels = 64
+  c.agent.pre_norm = True
+  c.agent.downsample_after = (0,)
+  # Alone and joint: the standalone agent's dropout; shared: the ViT's (the blocks are shared).
+  c.agent.mlp_dropout = 0.1 if arg.mode in ("agent", "joint") else 0.0
+  c.agent.residual_dropout = 0.0
+
+  c.loss.update(common.loss_weights(arg.mode))  # The official weights of the mode.
+
+  # The paper's recipe: AdamW on every leaf, per-epoch cosine, no warmup.
+  c.optim.name = "adamw"
+  c.optim.lr = 1e-3
+  c.optim.weight_decay = 0.05
+  c.optim.decay_all = True
+  c.optim.schedule = "cosine_epoch"
+  c.optim.warmup_epochs = 0.0
+  # The official single-model worker clips at 0.1; the mutual workers' clipping is a no-op and
+  # the SAM worker ignores it.
+  c.optim.clip_norm = 0.1 if arg.mode == "vit" and not arg.sam else 0.0
+
+  common.switches(c, arg)
   return c

@@ -81,10 +81,15 @@ def shared_config(index):
   cfg = index["config"]
   t, cnn = cfg["vit"]["transformer"], cfg["cnn"]
   c = configlib.base_config()
-  configlib.set_mode(c, "shared")
-  c.data.num_classes = index["num_classes"]
+  c.mode = "shared"
+  c.data.update(name="cifar100", num_classes=index["num_classes"], normalisation="cifar100")
   c.image_size = cfg["vit"]["patch_embed"]["img_size"]
+  c.batch_size = 64
+  c.num_epochs = 240
+  c.optim.update(lr=1e-3, weight_decay=0.05)
   c.model.update(
+    name="golden",
+    ln_eps=1e-5,
     patch_size=cfg["vit"]["patch_embed"]["patch_size"],
     embed_dim=t["embed_dim"],
     depth=t["num_encoder_layers"],

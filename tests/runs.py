@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-TINY = str(REPO / "configs" / "tiny_test.py")
+TINY = str(REPO / "tests" / "tiny_config.py")
 
 
 def env(devices: int) -> dict[str, str]:

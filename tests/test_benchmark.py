@@ -1,15 +1,13 @@
 """The benchmark tool: JSON lines with every field, on the test devices, in one process."""
 
 import dataclasses
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax.tools import benchmark
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 MODE_KEYS = {
   "mode",
   "batch",
@@ -26,17 +24,10 @@ MODE_KEYS = {
 }
 
 
-def load_config(name: str, arg: str | None = None):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 def test_benchmark_prints_one_json_object_per_line():
   printed = []
   benchmark.run(
-    load_config("tiny_test"),
+    load_config("tiny_config"),
     batch=8,
     steps=2,
     warmup=1,
@@ -62,7 +53,7 @@ def test_benchmark_prints_one_json_object_per_line():
 
 
 def test_mode_config_sets_mode_align_and_dtype():
-  config = load_config("tiny_test")
+  config = load_config("tiny_config")
   noalign = benchmark.mode_config(config, "shared_noalign", batch=8, dtype="bfloat16")
   assert (noalign.mode, noalign.align, noalign.compute_dtype) == ("shared", "none", "bfloat16")
   vit = benchmark.mode_config(config, "vit", batch=8)
@@ -80,12 +71,12 @@ def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
   monkeypatch.setattr(
     vit_lib, "attend_in_chunks", lambda *a, **k: traced.append(1) or original(*a, **k)
   )
-  # A budget of one image: tiny_test's batch of 16 on 8 devices is sliced in two loop steps.
+  # A budget of one image: tiny_config's batch of 16 on 8 devices is sliced in two loop steps.
   cpu = dataclasses.replace(kernels_lib.CPU, attention_chunk_bytes=1)
   monkeypatch.setitem(kernels_lib.SETS, "cpu", cpu)
   printed = []
   rows = kernel_ab.run(
-    load_config("tiny_test"),
+    load_config("tiny_config"),
     switch="attention_chunks",
     batch=16,
     steps=1,
@@ -106,15 +97,15 @@ def test_kernel_ab_flips_the_kernel_set_and_rejects_unknown_switches():
   from vitboot_jax.tools import kernel_ab
 
   (row,) = kernel_ab.run(
-    load_config("tiny_test"), switch="kernels", batch=8, steps=1, warmup=0, modes=["agent"]
+    load_config("tiny_config"), switch="kernels", batch=8, steps=1, warmup=0, modes=["agent"]
   )
   assert row["switch"] == "kernels" and row["speedup"] > 0
   with pytest.raises(ValueError, match="--switch='nope' is unknown"):
-    kernel_ab.run(load_config("tiny_test"), switch="nope", batch=8, steps=1, warmup=0, modes=[])
+    kernel_ab.run(load_config("tiny_config"), switch="nope", batch=8, steps=1, warmup=0, modes=[])
 
 
 def test_benchmark_times_the_whole_loop_and_a_full_evaluation(image_folder):
-  config = load_config("tiny_test", "mode=vit")
+  config = load_config("tiny_config", "mode=vit")
   config.data.dir = str(image_folder)
   printed = []
   lines = benchmark.run(
@@ -144,7 +135,7 @@ def test_kernel_ab_compiles_the_new_variant_with_xla_options():
   options = kernel_ab.parse_options(["xla_cpu_prefer_vector_width=256", "xla_cpu_use_xnnpack=true"])
   assert options == {"xla_cpu_prefer_vector_width": 256, "xla_cpu_use_xnnpack": True}
   (row,) = kernel_ab.run(
-    load_config("tiny_test"),
+    load_config("tiny_config"),
     switch="xla_options",
     batch=8,
     steps=1,
@@ -155,7 +146,7 @@ def test_kernel_ab_compiles_the_new_variant_with_xla_options():
   assert row["xla_options"] == options and row["speedup"] > 0
   with pytest.raises(ValueError, match="goes with --switch=xla_options"):
     kernel_ab.run(
-      load_config("tiny_test"),
+      load_config("tiny_config"),
       switch="kernels",
       batch=8,
       steps=1,

@@ -82,9 +82,11 @@ def test_wrong_stored_size_fails_naming_the_field(noisy_folder):
 
 def test_steps_take_uint8_batches():
   config = make_config("unused", stored_size=32, image_size=64)
-  configlib.set_vit(config, "vit_tiny")
-  configlib.set_agent_stem(config, "small")
-  config.model.patch_size = 16
+  config.update(mode="shared", num_epochs=240)
+  config.optim.update(lr=1e-3, weight_decay=0.05)
+  config.loss.update(ce_vit=0.5, ce_agent=0.5, kd_vit=0.5, kd_agent=0.5, feature_vit=5.0)
+  config.model.update(patch_size=16, embed_dim=36, depth=2, num_heads=9, mlp_dim=72, ln_eps=1e-5)
+  config.agent.update(stem="small", downsample_after=(0,))
   models = build_models(config)
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
   state = jax.eval_shape(lambda: create_state(models, tx, jax.random.key(0), (64, 64, 3)))

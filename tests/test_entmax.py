@@ -1,18 +1,14 @@
 """alpha-entmax: numpy references, limits and finite-difference gradients."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.entmax import entmax_bisect
 from vitboot_jax.models.vit import ViT
-
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 
 def _np_softmax(x: np.ndarray) -> np.ndarray:
@@ -150,13 +146,6 @@ def test_gradient_is_smooth_through_alpha_one():
   np.testing.assert_allclose(g, g[1], rtol=1e-3)
 
 
-def _load_config(name: str, arg: str | None = None):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 def test_sparse_vit_alpha_per_layer_and_gradients():
   vit = ViT(num_classes=5, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_dim=48)
   sparse = vit.clone(attention="entmax")
@@ -191,7 +180,7 @@ def test_sparse_vit_alpha_per_layer_and_gradients():
 
 
 def test_config_builds_sparse_vit():
-  config = _load_config("tiny_test", "mode=vit")
+  config = load_config("tiny_config", "mode=vit")
   config.model.attention = "entmax"
   images = jnp.zeros((1, 32, 32, 3))
   variables = jax.eval_shape(build_models(config).init, jax.random.key(0), images)
@@ -200,7 +189,7 @@ def test_config_builds_sparse_vit():
 
 
 def test_bad_attention_names_the_field():
-  config = _load_config("tiny_test", "mode=vit")
+  config = load_config("tiny_config", "mode=vit")
   config.model.attention = "linear"
   with pytest.raises(ValueError, match=r"config\.model\.attention='linear'.*softmax.*entmax"):
     jax.eval_shape(build_models(config).init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.runs import TINY, command, env, metrics, run
+from tests.config_files import load_config
+from tests.runs import command, env, metrics, run
 from vitboot_jax import checkpoint, input_pipeline, preemption, steps, train
 
 # ---------------------------------------------------------------------------------------------
@@ -173,12 +174,7 @@ def test_stop_signals_are_recorded_and_handlers_restored():
 
 
 def _tiny_config(folder):
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location("tiny_test", TINY)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = load_config("tiny_config")
   config.data.dir = str(folder)
   config.num_epochs = 1
   return config

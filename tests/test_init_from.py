@@ -1,25 +1,19 @@
 """config.init_from: the ViT of a fresh run comes from a checkpoint, in every mode with a ViT."""
 
 import functools
-import importlib.util
-import pathlib
 
 import jax
 import numpy as np
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax import init_from, optim, sharding
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 
-TINY = pathlib.Path(__file__).resolve().parents[1] / "configs" / "tiny_test.py"
-
 
 def _config(arg):
-  spec = importlib.util.spec_from_file_location("tiny_test", TINY)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return load_config("tiny_config", arg)
 
 
 def _fresh_state(config):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vitboot_jax import configlib
+from tests.config_files import load_config
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models.build import build_models
 
@@ -29,7 +29,7 @@ def test_auto_follows_the_devices_and_explicit_choices_win():
 
 
 def test_builder_resolves_config_kernels():
-  config = configlib.base_config()
+  config = load_config("tiny_config")
   assert config.kernels == "auto"
   assert build_models(config).kernels.name == "cpu"
   assert build_models(config, platform="tpu").kernels.name == "xla"

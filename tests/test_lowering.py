@@ -1,6 +1,5 @@
 """Every step of every mode lowers for GPUs and TPUs: real convolutions, no host callbacks."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -9,16 +8,10 @@ import sys
 
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax.tools import lowering
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def load_config(name: str):
-  spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(None)
 
 
 def check_accelerator_rows(rows, platforms=("cuda", "tpu")):
@@ -36,7 +29,7 @@ def check_accelerator_rows(rows, platforms=("cuda", "tpu")):
 
 
 def test_tiny_config_lowers_for_accelerators_and_cpu():
-  config = load_config("tiny_test")
+  config = load_config("tiny_config")
   printed = []
   rows = lowering.run(config, platforms=("cuda", "tpu", "cpu"), emit=printed.append)
   assert [json.loads(line) for line in printed] == rows
@@ -55,7 +48,7 @@ def test_tiny_config_lowers_for_accelerators_and_cpu():
 
 def test_unknown_mode_is_rejected():
   with pytest.raises(ValueError, match="--modes"):
-    lowering.run(load_config("tiny_test"), platforms=("cuda",), modes=("cnn",))
+    lowering.run(load_config("tiny_config"), platforms=("cuda",), modes=("cnn",))
 
 
 @pytest.mark.slow

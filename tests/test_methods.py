@@ -1,33 +1,22 @@
 """Method switches (SAM, entmax, DrLoc, mimetic/impulse init, CNN baselines) in the step."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax import optim, steps, trainer
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
-
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 
 def jitted_gradients(config, models, variables, batch, rng, weight):
   """steps.model_gradients under jit (op-by-op it is many times slower)."""
   fn = jax.jit(lambda v, b, r, w: steps.model_gradients(config, models, v, b, r, w))
   return fn(variables, batch, rng, weight)
-
-
-def load_config(name, arg=None):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 def batch_of(n=8, size=32, classes=10, seed=0):
@@ -52,7 +41,7 @@ def make(config):
   "switch", ["sam=1", "attention=entmax", "drloc=0.1", "init=mimetic", "init=impulse3"]
 )
 def test_switch_trains_in_shared_mode(switch):
-  config = load_config("tiny_test", f"mode=shared,{switch}")
+  config = load_config("tiny_config", f"mode=shared,{switch}")
   models, _, state, step = make(config)
   jitted = jax.jit(step)
   for _ in range(2):
@@ -66,7 +55,7 @@ def test_switch_trains_in_shared_mode(switch):
 
 
 def test_sam_ascends_rho_and_updates_with_the_perturbed_gradient():
-  config = load_config("tiny_test", "mode=vit,sam=0.05")
+  config = load_config("tiny_config", "mode=vit,sam=0.05")
   config.optim.eps = 1e-3  # Keeps AdamW's first step smooth in g (see test_steps).
   models, tx, state, step = make(config)
   batch = batch_of()
@@ -96,7 +85,7 @@ def test_sam_ascends_rho_and_updates_with_the_perturbed_gradient():
 
 
 def test_drloc_head_is_trained_and_private_to_its_model():
-  config = load_config("tiny_test", "mode=shared,drloc=0.5")
+  config = load_config("tiny_config", "mode=shared,drloc=0.5")
   config.drloc.models = ("vit", "agent")
   models, _, state, _ = make(config)
   assert {"drloc_vit", "drloc_agent"} <= set(state.params)
@@ -113,7 +102,7 @@ def test_drloc_head_is_trained_and_private_to_its_model():
 
 
 def test_drloc_in_joint_mode_steps_each_head_with_its_model():
-  config = load_config("tiny_test", "mode=joint,drloc=0.5")
+  config = load_config("tiny_config", "mode=joint,drloc=0.5")
   config.drloc.models = ("vit", "agent")
   _, _, state, step = make(config)
   new_state, metrics = jax.jit(step)(state, batch_of())
@@ -126,7 +115,7 @@ def test_drloc_in_joint_mode_steps_each_head_with_its_model():
 
 
 def test_drloc_on_unknown_model_names_the_field():
-  config = load_config("tiny_test", "mode=vit,drloc=0.1")
+  config = load_config("tiny_config", "mode=vit,drloc=0.1")
   config.drloc.models = ("agent",)
   with pytest.raises(ValueError, match="config.drloc.models"):
     build_models(config)
@@ -176,7 +165,7 @@ def test_sparse_vitb_config_builds_vitb():
 
 def test_drloc_classification_variant_sizes_its_heads_from_the_grids():
   # "ce"/"reg" heads need the pooled grid size; the shared agent's grid is probed with the ViT.
-  config = load_config("tiny_test", "mode=shared,drloc=0.1")
+  config = load_config("tiny_config", "mode=shared,drloc=0.1")
   config.drloc.models = ("vit", "agent")
   config.drloc.variant = "ce"
   models = build_models(config)

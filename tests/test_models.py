@@ -1,28 +1,17 @@
 """Models: sizes of the paper, CONV semantics, literal weight sharing, official initialisation."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.models import agent as agent_lib
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.tools.summary import summarise
-
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
-
-
-def load_config(name: str, arg: str | None = None):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +104,7 @@ def test_tap_positions():
 
 
 def _tiny(mode="shared", **overrides):
-  config = load_config("tiny_test", f"mode={mode}")
+  config = load_config("tiny_config", f"mode={mode}")
   for key, value in overrides.items():
     group, field = key.split(".") if "." in key else (None, key)
     (config[group] if group else config)[field] = value
@@ -257,7 +246,7 @@ def test_dropout_only_in_train_mode():
   ],
 )
 def test_bad_config_names_the_field(field, value, message):
-  config = load_config("tiny_test")
+  config = load_config("tiny_config")
   group, key = field.split(".") if "." in field else (None, field)
   (config[group] if group else config)[key] = value
   with pytest.raises(ValueError, match=message):
@@ -265,7 +254,7 @@ def test_bad_config_names_the_field(field, value, message):
 
 
 def test_even_window_heads_need_centered_taps():
-  config = load_config("tiny_test")
+  config = load_config("tiny_config")
   config.model.num_heads = 4
   config.model.embed_dim = 32
   with pytest.raises(ValueError, match="taps=centered"):

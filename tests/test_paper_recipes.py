@@ -1,11 +1,10 @@
 """Every paper row of the table runner resolves to the recipe in tests/paper_recipes.py."""
 
-import importlib.util
 import pathlib
 
 import pytest
 
-from tests import paper_recipes
+from tests import config_files, paper_recipes
 from vitboot_jax import configlib
 from vitboot_jax.tools import sweep
 
@@ -13,12 +12,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def load_config(row_config: str):
-  """get_config(arg) of a runner row's "configs/<file>.py:<args>"."""
-  path, _, arg = row_config.partition(":")
-  spec = importlib.util.spec_from_file_location("paper_row", REPO / path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  """get_config(arg) of a runner row's "configs/<file>.py:<args>" (of REPO: tests may edit)."""
+  return config_files.load_config(str(REPO / row_config))
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "cifar100", "imagenet"])
@@ -167,10 +162,14 @@ def test_changing_any_pinned_field_of_any_row_names_that_field():
       assert [e.split(":")[0] for e in errors] == [field], (row_config, field, errors)
 
 
-def test_a_recipe_change_fails_naming_row_and_field(monkeypatch):
+def test_a_recipe_change_fails_naming_row_and_field(monkeypatch, tmp_path):
   """A change where recipes are written (here: Agent-B becomes pre-norm) fails the row."""
-  monkeypatch.setitem(configlib.AGENT_PRESETS, "vit_b", {**configlib.AGENT_PRESETS["vit_b"]})
-  monkeypatch.setitem(configlib.AGENT_PRESETS["vit_b"], "pre_norm", True)
+  config = (REPO / "configs" / "vitb_cifar100.py").read_text()
+  assert config.count("c.agent.pre_norm = False") == 1
+  (tmp_path / "configs").mkdir()
+  edited = config.replace("c.agent.pre_norm = False", "c.agent.pre_norm = True")
+  (tmp_path / "configs" / "vitb_cifar100.py").write_text(edited)
+  monkeypatch.setitem(globals(), "REPO", tmp_path)  # load_config reads the edited copy.
   with pytest.raises(AssertionError) as failure:
     check_row("configs/vitb_cifar100.py:mode=agent")
   message = str(failure.value)

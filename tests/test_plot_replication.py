@@ -1,7 +1,6 @@
 """The curve plot and the sweep runner's CPU replication tables, on fake workdirs (no training)."""
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -13,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.tools import plot, sweep
 
@@ -278,11 +278,7 @@ def test_tokens16_table_keeps_the_row_names():
 def _row_config(row, seed=0, epochs=4, table=REPLICATION):
   """The config a row's command builds: the config file's args, then its --config.* flags."""
   cmd = sweep.command(table, _settings("/root", epochs=epochs, table=table), row, seed)
-  path, _, arg = cmd[3].removeprefix("--config=").partition(":")
-  spec = importlib.util.spec_from_file_location("row_config", REPO / path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(arg)
+  config = load_config(cmd[3].removeprefix("--config="))
   for flag in cmd[5:]:
     key, value = flag[len("--config.") :].split("=", 1)
     old = config[key] if "." not in key else config[key.split(".")[0]][key.split(".")[1]]

@@ -275,16 +275,10 @@ def _deit_small_state_dict(classes=1000):
 
 @pytest.mark.parametrize("dataset, classes", [("cifar10", 10), ("cifar100", 100)])
 def test_pretrained_vit_b_row_builds_exactly_deit_small(dataset, classes):
-  import importlib.util
-  import pathlib
-
+  from tests.config_files import load_config
   from vitboot_jax.models.build import build_vit
 
-  path = pathlib.Path(__file__).resolve().parents[1] / "configs" / "pretrained_cifar.py"
-  spec = importlib.util.spec_from_file_location("pretrained_cifar", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(f"dataset={dataset}")
+  config = load_config("pretrained_cifar", f"dataset={dataset}")
   assert config.mode == "vit" and config.data.num_classes == classes
   assert config.init_from == "pretrained/deit_small_patch16_224.safetensors"
   assert config.model.ln_eps == 1e-6 and config.model.num_heads == 6
@@ -302,8 +296,8 @@ def test_pretrained_vit_b_row_builds_exactly_deit_small(dataset, classes):
     f"init_from: the checkpoint has a 1000-class head; the configured {classes}-class head "
     "starts from its initial values"
   ]
-  vit_s = module.get_config("vit=vit_s,lr=1e-4,epochs=30,weights=/x/run")
+  vit_s = load_config("pretrained_cifar", "vit=vit_s,lr=1e-4,epochs=30,weights=/x/run")
   assert (vit_s.model.embed_dim, vit_s.init_from) == (288, "/x/run")
   assert (vit_s.optim.lr, vit_s.num_epochs, vit_s.optim.clip_norm) == (1e-4, 30, 0.1)
   with pytest.raises(ValueError, match="no pre-trained row"):
-    module.get_config("vit=vit_tiny")
+    load_config("pretrained_cifar", "vit=vit_tiny")

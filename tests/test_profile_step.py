@@ -30,7 +30,7 @@ def test_parse_hlo_folds_fused_computations_into_their_fusion():
 def test_profile_of_a_tiny_vit_step_accounts_for_its_time():
   printed = []
   lines = profile_step.run(
-    load_config("tiny_test"), mode="vit", batch=8, steps=1, warmup=1, top=5, emit=printed.append
+    load_config("tiny_config"), mode="vit", batch=8, steps=1, warmup=1, top=5, emit=printed.append
   )
   assert [json.loads(p) for p in printed] == lines
   header, by_category, by_pass, by_model, *ops = lines

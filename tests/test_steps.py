@@ -1,6 +1,5 @@
 """The training step: official loss terms and gradients, Align, private leaves, modes, sharding."""
 
-import importlib.util
 import pathlib
 
 import chex
@@ -11,6 +10,7 @@ import optax
 import pytest
 
 from tests import golden
+from tests.config_files import load_config
 from vitboot_jax import optim, sharding, steps
 from vitboot_jax.models import convert, sharing
 from vitboot_jax.models.build import build_models
@@ -26,10 +26,7 @@ def jitted_gradients(config, models, variables, batch, rng, weight):
 
 
 def tiny_config(mode="shared", **updates):
-  spec = importlib.util.spec_from_file_location("tiny_test", CONFIGS / "tiny_test.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(f"mode={mode}")
+  config = load_config("tiny_config", f"mode={mode}")
   config.num_epochs = 2
   for key, value in updates.items():
     group, field = key.split(".") if "." in key else (None, key)

@@ -1,6 +1,5 @@
 """The sweep runner's paper tables: valid rows, the paper's numbers, runnable printed commands."""
 
-import importlib.util
 import json
 import pathlib
 import shlex
@@ -9,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax import configlib, paper_results
 from vitboot_jax.tools import sweep
 
@@ -16,11 +16,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _config(config):
-  path, _, arg = config.partition(":")
-  spec = importlib.util.spec_from_file_location("row", REPO / path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return load_config(config)
 
 
 def _lines(table):

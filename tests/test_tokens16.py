@@ -1,23 +1,16 @@
 """configs/cifar10_tokens16.py: 16x16 ViT tokens, the agent at 32x32 in block 0 then 16x16."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import pytest
 
+from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.models.build import build_models
 
-CONFIG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "cifar10_tokens16.py"
-
 
 def _config(arg=None):
-  spec = importlib.util.spec_from_file_location("cifar10_tokens16", CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return load_config("cifar10_tokens16", arg)
 
 
 @pytest.mark.parametrize("mode", ["shared", "joint"])

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.runs import REPO, TINY
+from tests.config_files import load_config
+from tests.runs import REPO
 from tests.runs import command as _command
 from tests.runs import env as _env
 from tests.runs import metrics as _metrics
@@ -142,12 +143,8 @@ def test_bad_input_fails_fast_naming_the_field(override, message, tmp_path):
   from vitboot_jax import train
 
   sys.path.insert(0, str(REPO))
-  import importlib.util
 
-  spec = importlib.util.spec_from_file_location("tiny_test", TINY)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = load_config("tiny_config")
   config.data.dir = "/nonexistent/cifar"
   key, value = override.removeprefix("--config.").split("=")
   target = config
@@ -163,7 +160,6 @@ def test_bad_input_fails_fast_naming_the_field(override, message, tmp_path):
 def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
   """A tiny shared-mode run on a tfds dataset (tfds.testing.mock_data: no download, no files)."""
   import functools
-  import importlib.util
 
   import tensorflow_datasets as tfds
 
@@ -177,10 +173,7 @@ def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
   # mock_data's download_and_prepare is a no-op; the network probe before it would fail offline.
   monkeypatch.setattr(datasets, "_reachable", lambda host: True)
 
-  spec = importlib.util.spec_from_file_location("tiny_test", TINY)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config("data=cifar10")
+  config = load_config("tiny_config", "data=cifar10")
   config.num_epochs = 2  # 48 examples / batch 16: 3 steps per epoch, 6 in all; stop at 4.
   config.total_steps = 4
   config.checkpoint_every_steps = 2

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from configs import tiny_test
+from tests import tiny_config
 from vitboot_jax.models import common
 from vitboot_jax.tools import visualize
 
@@ -53,7 +53,7 @@ def image_folder(tmp_path_factory):
 
 
 def _config(folder, **model):
-  config = tiny_test.get_config("classes=2")
+  config = tiny_config.get_config("classes=2")
   config.data.dir = str(folder)
   config.batch_size = 8  # 8 training images; a multiple of the 8 test devices.
   config.data.eval_batch_size = 8
@@ -288,7 +288,7 @@ def test_command_line_on_a_checkpoint(image_folder, trained_run, tmp_path):
       sys.executable,
       "-m",
       "vitboot_jax.tools.visualize",
-      f"--config={REPO / 'configs' / 'tiny_test.py'}:classes=2",
+      f"--config={REPO / 'tests' / 'tiny_config.py'}:classes=2",
       f"--config.data.dir={image_folder}",
       "--config.data.eval_batch_size=8",
       "--config.num_epochs=2",

@@ -1,8 +1,9 @@
-"""The config schema: defaults, the paper's model presets and validation.
+"""The config schema: every field with a neutral default, and validation.
 
-Config files in `configs/` are data: they start from `base_config()`, pick presets and override
-fields. Every field a user may set is created here, so a typo in `--config.x.y=v` fails loudly
-(ml_collections refuses unknown keys) and `validate()` names the field and the fix.
+Config files in `configs/` write their recipe literally on top of `base_config()`. Every field a
+user may set is created here, so a typo in `--config.x.y=v` fails loudly (ml_collections refuses
+unknown keys) and `validate()` names the field and the fix. Fields a config must set (the mode,
+the data, the model shapes, the training length) hold placeholders that `validate()` rejects.
 """
 
 from __future__ import annotations
@@ -20,29 +21,9 @@ ATTENTION_INITS = ("mimetic", "impulse3", "impulse5")
 FEATURE_DECAYS = ("epoch", "step", "none")  # How the feature-loss weight decays (losses.py).
 ADAPTERS = ("seq1d", "pool2d")  # Feature size adaptation (losses.py).
 
-# ViT shapes from the paper's Table 2 / the official yaml files. "vit_b" is the paper's ViT-B
-# (384/12/6, DeiT-S-like), not the standard ViT-B/16.
-VIT_PRESETS = {
-  "vit_s": dict(embed_dim=288, depth=6, num_heads=9, mlp_dim=1152, dropout=0.1, ln_eps=1e-5),
-  "vit_b": dict(embed_dim=384, depth=12, num_heads=6, mlp_dim=1536, dropout=0.0, ln_eps=1e-6),
-  # 32-px CPU runs (patch 4 -> 8x8 tokens); 9 heads so the full 3x3 CONV window is used.
-  "vit_cpu": dict(embed_dim=144, depth=6, num_heads=9, mlp_dim=288, dropout=0.0, ln_eps=1e-5),
-  # Unit tests only.
-  "vit_tiny": dict(embed_dim=36, depth=2, num_heads=9, mlp_dim=72, dropout=0.0, ln_eps=1e-5),
-}
-
-# Agent settings of the official configs (reference §2.1, §2.6). `downsample_after` is for the
-# res-like stem; the patch stem never down-samples.
-AGENT_PRESETS = {
-  "vit_s": dict(pre_norm=True, res_like_downsample_after=(0, 1)),
-  "vit_b": dict(pre_norm=False, res_like_downsample_after=(2, 8)),
-  "vit_cpu": dict(pre_norm=True, res_like_downsample_after=(0,)),
-  "vit_tiny": dict(pre_norm=True, res_like_downsample_after=(0,)),
-}
-
-# Official per-dataset normalisation (the CIFAR-100 std reuses CIFAR-10's, as the official code).
 KERNELS = ("auto", "xla", "cpu")
 
+# Official per-dataset normalisation (the CIFAR-100 std reuses CIFAR-10's, as the official code).
 NORMALISATION = {
   "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
   "cifar100": ((0.5071, 0.4867, 0.4408), (0.2023, 0.1994, 0.2010)),
@@ -51,13 +32,13 @@ NORMALISATION = {
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """Every field, with the official CIFAR-100 ViT-S shared-mode values as defaults."""
+  """Every field; placeholders ("", 0, -1) where a config must set the value (see REQUIRED)."""
   c = ml_collections.ConfigDict()
-  c.mode = "shared"
+  c.mode = ""  # One of MODES.
   c.seed = 0
-  c.image_size = 224
-  c.batch_size = 64  # Global batch, split over all devices and hosts.
-  c.num_epochs = 240
+  c.image_size = 0
+  c.batch_size = 0  # Global batch, split over all devices and hosts.
+  c.num_epochs = 0
   c.total_steps = -1  # > 0 caps training (smoke runs); -1 trains num_epochs.
   c.log_every_steps = 50
   c.eval_every_steps = -1  # > 0: evaluate every N steps; -1: every eval_every_epochs epochs.
@@ -73,14 +54,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.kernels = "auto"
 
   c.data = ml_collections.ConfigDict()
-  c.data.name = "cifar100"  # A tfds name, or "folder" for an image-folder root.
+  c.data.name = ""  # A tfds name, or "folder" for an image-folder root.
   c.data.dir = ml_collections.FieldReference(None, field_type=str)  # tfds data_dir or folder root.
   c.data.train_split = "train"
   c.data.eval_split = "test"
-  c.data.num_classes = 100
+  c.data.num_classes = 0
   c.data.train_fraction = 1.0  # Per-class fraction of the training set (the paper's subsets).
-  c.data.augment = "cifar"  # "cifar" | "imagenet" | "none"
-  c.data.normalisation = "cifar100"  # A key of NORMALISATION.
+  c.data.augment = "none"  # "cifar" | "imagenet" | "none"
+  c.data.normalisation = ""  # A key of NORMALISATION.
   # > 0: every stored image is this size square (CIFAR: 32); below image_size the host ships it
   # as uint8 and the steps resize and normalise on the device. 0: resize on the host.
   c.data.stored_size = 0
@@ -88,44 +69,45 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.cache = True  # Cache decoded training images in memory (small datasets).
   c.data.eval_batch_size = 256
 
+  # The ViT (modes vit, joint, shared); -1: the config sets it.
   c.model = ml_collections.ConfigDict()
-  c.model.name = "vit_s"
-  c.model.patch_size = 16
-  c.model.embed_dim = 288
-  c.model.depth = 6
-  c.model.num_heads = 9
-  c.model.mlp_dim = 1152
-  c.model.dropout = 0.1
-  c.model.ln_eps = 1e-5
+  c.model.name = ""  # A label ("vit_s", "vit_b", ...) for logs and tools.
+  c.model.patch_size = -1
+  c.model.embed_dim = -1
+  c.model.depth = -1
+  c.model.num_heads = -1
+  c.model.mlp_dim = -1
+  c.model.dropout = 0.0
+  c.model.ln_eps = 1e-6
   c.model.init = "official"  # "official" | "standard" | "mimetic" | "impulse3" | "impulse5"
   c.model.attention = "softmax"  # "softmax" | "entmax" (the paper's "Sparse" rows)
 
   # CNN baselines (mode "cnn"): "resnet50" | "efficientnet_b2".
   c.cnn = ml_collections.ConfigDict()
-  c.cnn.name = "resnet50"
+  c.cnn.name = ""
 
+  # The agent (modes agent, joint, shared): the ViT's shape with a convolutional stem.
   c.agent = ml_collections.ConfigDict()
-  c.agent.stem = "res_like"  # "res_like" | "patch" | "small" / "small_full" (32-px images)
+  # "patch" (the ViT-like stem) | "res_like" | "small" / "small_full" (32-px images)
+  c.agent.stem = "patch"
   c.agent.stem_channels = 64
   c.agent.pre_norm = True
-  c.agent.downsample_after = (0, 1)
+  c.agent.downsample_after = ()  # Blocks after which the res-like / small stems halve the grid.
   c.agent.taps = "official"  # "official" | "centered"
-  c.agent.mlp_dropout = 0.1
+  c.agent.mlp_dropout = 0.0
   c.agent.residual_dropout = 0.0
   c.agent.bn_momentum = 0.9  # PyTorch momentum 0.1.
   c.agent.bn_eps = 1e-5
   c.agent.init = "official"
 
-  # Loss weights: the official shared-mode values (reference §3). Joint configs use ce 1, kd 1,
-  # feature 10. The paper's Eq. 9 text names alpha=1, beta=10 the other way round; the official
-  # configs (which produced the tables) put 10 on the feature term.
+  # Loss weights: cross-entropy only; configs/common.py holds the official weights of each mode.
   c.loss = ml_collections.ConfigDict()
-  c.loss.ce_vit = 0.5
-  c.loss.ce_agent = 0.5
+  c.loss.ce_vit = 1.0
+  c.loss.ce_agent = 1.0
   c.loss.ce_cnn = 1.0
-  c.loss.kd_vit = 0.5
-  c.loss.kd_agent = 0.5
-  c.loss.feature_vit = 5.0
+  c.loss.kd_vit = 0.0
+  c.loss.kd_agent = 0.0
+  c.loss.feature_vit = 0.0
   c.loss.temperature = 4.0
   c.loss.feature_loss = "official"  # "official" (LN + MSE) | "paper" (Eq. 6)
   c.loss.adapt = "seq1d"  # "seq1d" (official 1-D pooling) | "pool2d" (Table 4's AP-2D)
@@ -153,8 +135,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.optim = ml_collections.ConfigDict()
   c.optim.name = "adamw"  # "adamw" | "sgd"
-  c.optim.lr = 1e-3
-  c.optim.weight_decay = 0.05
+  c.optim.lr = -1.0  # Placeholder: 0 is a valid (frozen) learning rate.
+  c.optim.weight_decay = 0.0
   c.optim.decay_all = True  # Official: every leaf decayed (norms, biases, embeddings included).
   c.optim.b1 = 0.9
   c.optim.b2 = 0.999
@@ -166,138 +148,40 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def set_vit(c: ml_collections.ConfigDict, name: str) -> None:
-  """Applies a ViT preset and its matching agent settings to `c` in place."""
-  if name not in VIT_PRESETS:
-    raise ValueError(f"config.model.name={name!r} is unknown; choose one of {sorted(VIT_PRESETS)}")
-  c.model.name = name
-  for key, value in VIT_PRESETS[name].items():
-    c.model[key] = value
-  preset = AGENT_PRESETS[name]
-  c.agent.pre_norm = preset["pre_norm"]
-  c.agent.downsample_after = preset["res_like_downsample_after"]
-  # The shared agent takes its dropout from the ViT (reference §2.6).
-  c.agent.mlp_dropout = c.model.dropout
-  c.agent.residual_dropout = c.model.dropout
+# Fields a config must set (base_config() holds placeholders: "", 0 or -1), for every mode and
+# for the models a mode trains (the agent has the ViT's shape).
+REQUIRED = ("mode", "image_size", "batch_size", "num_epochs", "optim.lr")
+REQUIRED += ("data.name", "data.num_classes", "data.normalisation")
+REQUIRED_BY_MODE = {
+  "vit": ("model.patch_size", "model.embed_dim", "model.depth", "model.num_heads", "model.mlp_dim"),
+  "cnn": ("cnn.name",),
+}
+REQUIRED_BY_MODE["agent"] = REQUIRED_BY_MODE["joint"] = REQUIRED_BY_MODE["shared"] = (
+  REQUIRED_BY_MODE["vit"]
+)
 
 
-def set_agent_stem(c: ml_collections.ConfigDict, stem: str) -> None:
-  """`stem` is the paper's agent kind: "base" (patch stem) or "res_like"."""
-  stem = {"base": "patch"}.get(stem, stem)
-  if stem not in AGENT_STEMS:
-    raise ValueError(
-      f"agent={stem!r} is unknown; choose 'base', 'res_like', 'small' or 'small_full'"
-    )
-  c.agent.stem = stem
-  if stem == "patch":
-    c.agent.downsample_after = ()
-
-
-def set_mode(c: ml_collections.ConfigDict, mode: str) -> None:
-  """Sets the mode and its official loss weights (joint: 1/1/10; shared: .5/.5/5)."""
-  if mode not in MODES:
-    raise ValueError(f"config.mode={mode!r} is unknown; choose one of {MODES}")
-  c.mode = mode
-  if mode == "joint":
-    c.loss.update(ce_vit=1.0, ce_agent=1.0, kd_vit=1.0, kd_agent=1.0, feature_vit=10.0)
-  elif mode == "shared":
-    c.loss.update(ce_vit=0.5, ce_agent=0.5, kd_vit=0.5, kd_agent=0.5, feature_vit=5.0)
-  else:
-    c.loss.update(ce_vit=1.0, ce_agent=1.0, kd_vit=0.0, kd_agent=0.0, feature_vit=0.0)
-  # The single-model worker's clipping works and the official ViT configs clip at 0.1 (CNN
-  # configs: none); in mutual runs the official clipping is a no-op (reference §4.2).
-  c.optim.clip_norm = 0.1 if mode == "vit" else 0.0
-  if mode == "cnn":
-    # The official CNN baselines: SGD lr 0.05, wd 5e-4, no momentum (torch default), cosine.
-    c.optim.update(name="sgd", lr=0.05, weight_decay=5e-4, momentum=0.0)
-  if mode in ("agent", "joint"):
-    # Standalone agents, and joint ones (the official joint configs load the standalone agent
-    # config): MLP dropout 0.1 and no residual dropout, for S and B (reference §2.1, §2.7).
-    c.agent.mlp_dropout = 0.1
-    c.agent.residual_dropout = 0.0
-
-
-METHOD_ARGS = ("sam", "attention", "init", "drloc", "taps")
-METHOD_ARGS += ("align", "kd", "feature", "decay", "adapt")  # Shared variants, Table 4.
-
-
-def apply_method_args(c: ml_collections.ConfigDict, args: dict[str, str]) -> None:
-  """The method switches every paper config accepts as args (each one config field):
-
-  sam=RHO (sam=1 means the official rho 0.1), attention=entmax (the "Sparse" rows),
-  init=mimetic|impulse3|impulse5|standard, drloc=LAMBDA, taps=centered,
-  align=none|pcgrad (shared: the authors' code | the paper's Algorithm 1), and Table 4's loss
-  ablations: kd=W (both KD weights; kd=0 is "Feat Only"), feature=W (feature=0 is "KD Only"),
-  decay=epoch|step|none ("No Decay"), adapt=seq1d|pool2d ("AP-2D").
-  """
-  if "sam" in args:
-    rho = float(args["sam"])
-    c.sam.rho = 0.1 if rho == 1 else rho
-    if c.mode == "vit":
-      c.optim.clip_norm = 0.0  # The official SAM worker ignores clip_max_norm (reference §4.3).
-  if "attention" in args:
-    c.model.attention = args["attention"]
-  if "init" in args:
-    c.model.init = args["init"]
-  if "drloc" in args:
-    c.drloc.weight = float(args["drloc"])
-  if "taps" in args:
-    c.agent.taps = args["taps"]
-  if "align" in args:
-    c.align = args["align"]
-  if "kd" in args:
-    c.loss.kd_vit = c.loss.kd_agent = float(args["kd"])
-  if "feature" in args:
-    c.loss.feature_vit = float(args["feature"])
-  if "decay" in args:
-    c.loss.feature_decay = args["decay"]
-  if "adapt" in args:
-    c.loss.adapt = args["adapt"]
-
-
-def set_dataset(c: ml_collections.ConfigDict, dataset: str, subset: float = 0.1) -> None:
-  """The data fields of a paper dataset: "cifar10", "cifar100" (tfds) or "imagenet" (tfds
-  imagenet2012, per-class `subset` of the training set, full validation set)."""
-  if dataset in ("cifar10", "cifar100"):
-    c.data.update(name=dataset, num_classes=10 if dataset == "cifar10" else 100)
-    c.data.update(normalisation=dataset, stored_size=32)
-  elif dataset == "imagenet":
-    c.data.update(name="imagenet2012", eval_split="validation", num_classes=1000)
-    c.data.update(augment="imagenet", normalisation="imagenet", train_fraction=subset)
-    c.data.update(cache=False, shuffle_buffer=20_000)  # Does not fit in memory: stream it.
-    c.checkpoint_every_steps = 2000
-  else:
-    raise ValueError(f"dataset={dataset!r} is unknown; choose cifar10, cifar100 or imagenet")
-
-
-def paper_config(dataset: str, vit: str, arg: str | None) -> ml_collections.ConfigDict:
-  """A paper row: dataset + ViT preset + the args mode=, agent=, subset= and method switches."""
-  args = parse_arg(arg)
-  c = base_config()
-  set_dataset(c, dataset, float(args.get("subset", 0.1)))
-  set_vit(c, args.get("vit", vit))
-  set_agent_stem(c, args.get("agent", "res_like"))
-  set_mode(c, args.get("mode", "shared"))
-  apply_method_args(c, args)
-  return c
-
-
-def parse_arg(arg: str | None) -> dict[str, str]:
-  """Parses big_vision-style config args: "mode=joint,agent=base" -> dict."""
-  out = {}
-  for item in (arg or "").split(","):
-    item = item.strip()
-    if not item:
-      continue
-    if "=" not in item:
-      raise ValueError(f"config arg {item!r} must look like key=value (e.g. mode=joint)")
-    key, value = item.split("=", 1)
-    out[key.strip()] = value.strip()
+def _unset(c: ml_collections.ConfigDict, fields: tuple[str, ...]) -> list[str]:
+  """The fields of `fields` that still hold base_config()'s placeholder."""
+  placeholders = base_config()
+  out = []
+  for field in fields:
+    value, placeholder = c, placeholders
+    for key in field.split("."):
+      value, placeholder = value[key], placeholder[key]
+    if value == placeholder:
+      out.append(f"config.{field}")
   return out
 
 
 def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Fails fast with a message that names the field and the fix."""
+  unset = _unset(c, REQUIRED) + _unset(c, REQUIRED_BY_MODE.get(c.mode, ()))
+  if unset:
+    raise ValueError(
+      f"{', '.join(unset)} not set: a config file sets them (base_config() holds only "
+      "placeholders); see configs/vits_cifar100.py for a complete one"
+    )
   if c.mode not in MODES:
     raise ConfigError(f"config.mode={c.mode!r} is unknown; choose one of {MODES}")
   if c.get("kernels", "auto") not in KERNELS:

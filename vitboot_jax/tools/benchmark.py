@@ -103,6 +103,19 @@ def measure_peak(
   }
 
 
+def switch_mode(c: ml_collections.ConfigDict, mode: str) -> None:
+  """Sets `c` (in place) to `mode` with the fields the configs set per mode: the loss weights of
+  configs/common.py, clipping 0.1 in mode vit only, the standalone agent's dropout in modes
+  agent and joint. Run from the repository root (as the config files)."""
+  from configs import common  # The config files' table, outside the package.
+
+  c.mode = mode
+  c.loss.update(common.loss_weights(mode))
+  c.optim.clip_norm = 0.1 if mode == "vit" else 0.0
+  if mode in ("agent", "joint"):
+    c.agent.mlp_dropout, c.agent.residual_dropout = 0.1, 0.0
+
+
 def mode_config(
   config: ml_collections.ConfigDict, mode: str, batch: int, dtype: str | None = None
 ) -> ml_collections.ConfigDict:
@@ -111,7 +124,7 @@ def mode_config(
     raise ValueError(f"mode {mode!r} is unknown; choose from {ALL_MODES}")
   c = config.copy_and_resolve_references()
   with c.unlocked():
-    configlib.set_mode(c, "shared" if mode.startswith("shared") else mode)
+    switch_mode(c, "shared" if mode.startswith("shared") else mode)
     if mode == "shared_noalign":
       c.align = "none"
     c.batch_size = batch

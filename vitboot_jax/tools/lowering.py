@@ -31,6 +31,7 @@ from vitboot_jax import steps as step_lib
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
+from vitboot_jax.tools import benchmark
 
 MODES = ("vit", "agent", "joint", "shared")
 DTYPES = ("float32", "bfloat16")
@@ -43,7 +44,7 @@ def mode_config(
 ) -> ml_collections.ConfigDict:
   c = config.copy_and_resolve_references()
   with c.unlocked():
-    configlib.set_mode(c, mode)
+    benchmark.switch_mode(c, mode)
     c.compute_dtype = dtype
     if batch:
       c.batch_size = batch

@@ -1,0 +1,170 @@
+"""What the config files share: arg parsing, the dataset blocks and the loss weights per mode.
+
+Config files import it as `from configs import common` (run from the repository root, as every
+command in the docs does).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+# Loss weights of each mode, the official configs' values. Joint: ce 1, kd 1, feature 10; shared:
+# half of each. The paper's Eq. 9 text names alpha=1, beta=10 the other way round; the official
+# configs (which produced the tables) put 10 on the feature term. Single-model modes: ce only.
+LOSS_WEIGHTS = {
+  "vit": dict(ce_vit=1.0, ce_agent=1.0, kd_vit=0.0, kd_agent=0.0, feature_vit=0.0),
+  "agent": dict(ce_vit=1.0, ce_agent=1.0, kd_vit=0.0, kd_agent=0.0, feature_vit=0.0),
+  "cnn": dict(ce_vit=1.0, ce_agent=1.0, kd_vit=0.0, kd_agent=0.0, feature_vit=0.0),
+  "joint": dict(ce_vit=1.0, ce_agent=1.0, kd_vit=1.0, kd_agent=1.0, feature_vit=10.0),
+  "shared": dict(ce_vit=0.5, ce_agent=0.5, kd_vit=0.5, kd_agent=0.5, feature_vit=5.0),
+}
+
+
+def loss_weights(mode: str) -> dict:
+  """The official loss weights of `mode` (LOSS_WEIGHTS), with a clear error for a typo."""
+  if mode not in LOSS_WEIGHTS:
+    raise ValueError(f"mode={mode!r} is unknown; choose one of {sorted(LOSS_WEIGHTS)}")
+  return LOSS_WEIGHTS[mode]
+
+
+def agent_stem(kind: str) -> str:
+  """The agent= arg, the paper's agent kinds, as config.agent.stem: "res_like" or "base" (the
+  ViT-like patch stem, config.agent.stem="patch")."""
+  stems = {"res_like": "res_like", "base": "patch"}
+  if kind not in stems:
+    raise ValueError(f"agent={kind!r} is unknown; choose 'res_like' or 'base'")
+  return stems[kind]
+
+
+# The method switches every ViT config accepts as args, with their off values (see switches()).
+SWITCHES = dict(
+  sam=0.0,
+  attention="softmax",
+  init="official",
+  drloc=0.0,
+  taps="official",
+  align="pcgrad",
+  kd=None,
+  feature=None,
+  decay="epoch",
+  adapt="seq1d",
+)
+
+
+def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
+  """Parses "mode=joint,agent=base" against `spec` (name=default), big_vision style.
+
+  Values take the type of their default (int, float, bool or str; a None default keeps the
+  string); a name not in `spec` fails, naming the ones the config accepts.
+  """
+  out = ml_collections.ConfigDict(spec, type_safe=False)
+  for item in (arg or "").split(","):
+    item = item.strip()
+    if not item:
+      continue
+    if "=" not in item:
+      raise ValueError(f"config arg {item!r} must look like key=value (e.g. mode=joint)")
+    key, value = (part.strip() for part in item.split("=", 1))
+    if key not in spec:
+      raise ValueError(f"config arg {key!r} is unknown; this config takes {sorted(spec)}")
+    default = spec[key]
+    if isinstance(default, bool):
+      out[key] = value.lower() in ("1", "true", "yes")
+    elif isinstance(default, (int, float)):
+      out[key] = type(default)(value)
+    else:
+      out[key] = value
+  return out
+
+
+def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
+  """The method switches (args of SWITCHES), one config field each.
+
+  sam=RHO (sam=1 means the official rho 0.1), attention=entmax (the "Sparse" rows),
+  init=mimetic|impulse3|impulse5|standard, drloc=LAMBDA, taps=centered, align=none|pcgrad
+  (shared: the authors' code | the paper's Algorithm 1), and Table 4's loss ablations: kd=W (both
+  KD weights; kd=0 is "Feat Only"), feature=W (feature=0 is "KD Only"), decay=epoch|step|none
+  ("No Decay"), adapt=seq1d|pool2d ("AP-2D"). kd= and feature= unset keep the mode's weights.
+  """
+  c.sam.rho = 0.1 if arg.sam == 1 else arg.sam
+  c.model.attention = arg.attention
+  c.model.init = arg.init
+  c.drloc.weight = arg.drloc
+  c.agent.taps = arg.taps
+  c.align = arg.align
+  if arg.kd is not None:
+    c.loss.kd_vit = c.loss.kd_agent = float(arg.kd)
+  if arg.feature is not None:
+    c.loss.feature_vit = float(arg.feature)
+  c.loss.feature_decay = arg.decay
+  c.loss.adapt = arg.adapt
+
+
+def cifar(name: str) -> dict:
+  """tfds cifar10 / cifar100: the full training set, 32-px images upsampled on the device.
+
+  Train: zero-pad 4, crop 32, flip, resize; test: resize. The CIFAR-100 normalisation reuses the
+  CIFAR-10 std, as the official code.
+  """
+  return dict(
+    name=name,
+    dir=None,
+    train_split="train",
+    eval_split="test",
+    num_classes={"cifar10": 10, "cifar100": 100}[name],
+    train_fraction=1.0,
+    augment="cifar",
+    normalisation=name,
+    stored_size=32,
+    shuffle_buffer=50_000,
+    cache=True,
+    eval_batch_size=256,
+  )
+
+
+def imagenet(subset: float) -> dict:
+  """tfds imagenet2012: a per-class `subset` of the training set (nested: 5% inside 10%), the
+  full 50k validation set. RandomResizedCrop(0.6-1) + flip; eval resize 256, centre crop 224."""
+  return dict(
+    name="imagenet2012",
+    dir=None,
+    train_split="train",
+    eval_split="validation",
+    num_classes=1000,
+    train_fraction=subset,
+    augment="imagenet",
+    normalisation="imagenet",
+    stored_size=0,
+    shuffle_buffer=20_000,
+    cache=False,  # Does not fit in memory: stream it.
+    eval_batch_size=256,
+  )
+
+
+def dataset(name: str, subset: float = 0.1) -> dict:
+  """The data block of a paper dataset: "cifar10", "cifar100" or "imagenet" (a `subset`)."""
+  if name in ("cifar10", "cifar100"):
+    return cifar(name)
+  if name == "imagenet":
+    return imagenet(subset)
+  raise ValueError(f"dataset={name!r} is unknown; choose cifar10, cifar100 or imagenet")
+
+
+def cifar10_32px() -> dict:
+  """The CPU runs' data: tfds cifar10 (prepared on first use) at 32 px, 10% of each class (5,000
+  training images), the full 10,000 test images. An image folder of the same images:
+  --config.data.name=folder --config.data.dir=ROOT."""
+  return dict(
+    name="cifar10",
+    dir=None,
+    train_split="train",
+    eval_split="test",
+    num_classes=10,
+    train_fraction=0.1,
+    augment="cifar",
+    normalisation="cifar10",
+    stored_size=0,
+    shuffle_buffer=5000,
+    cache=True,
+    eval_batch_size=256,
+  )

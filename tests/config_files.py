@@ -1,0 +1,29 @@
+"""`load_config`: the one loader of config files (configs/, and tests/tiny_config.py) in tests."""
+
+import importlib.util
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TEST_CONFIGS = REPO / "tests"
+
+
+def config_path(name: str) -> pathlib.Path:
+  """configs/<name>.py, or tests/<name>.py for the test-only config (tiny_config)."""
+  for folder in (REPO / "configs", TEST_CONFIGS):
+    if (folder / f"{name}.py").exists():
+      return folder / f"{name}.py"
+  raise FileNotFoundError(f"no config {name!r} in configs/ or tests/")
+
+
+def load_config(spec: str, arg: str | None = None):
+  """get_config(arg) of a config: a name ("tiny_config", "vits_cifar100") with `arg`, or a path
+  relative to the repository root with its args ("configs/vits_cifar100.py:mode=joint")."""
+  if spec.endswith(".py") or ".py:" in spec:
+    path, _, spec_arg = spec.partition(":")
+    path, arg = REPO / path, spec_arg or arg
+  else:
+    path = config_path(spec)
+  module_spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg)
