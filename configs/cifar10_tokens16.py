@@ -13,7 +13,7 @@ Command (tfds `cifar10`, prepared on first use; an image folder of CIFAR-10 inst
 `--config.data.name=folder --config.data.dir=ROOT` with `ROOT/{train,test}/<class>/*.png`):
   python -m vitboot_jax.main --config=configs/cifar10_tokens16.py:mode=vit,epochs=10 \
     --workdir=workdirs/tokens16_vit
-All rows (issue 22: 5 modes x 2 seeds, Table 4 in joint mode) through the replication runner:
+All rows (5 modes x 2 seeds, Table 4 in joint mode) through the replication runner:
   bash launch/cpu_replication.sh ROOT 10 0,1 --config=configs/cifar10_tokens16.py \
     --data_dir=../shared/data/cifar10
 Args: mode=shared|joint|vit|agent (default shared), epochs=N (default 10), and the method

@@ -2,7 +2,7 @@
 
 Values are the authors': github zhfeing/Bootstrapping-ViTs-pytorch at 85f12e9 (paths relative to
 its root) with its library cv-lib-PyTorch at tag bootstrapping_vits ("cvlib:"), as read field by
-field in ../shared/reference/official_recipe_audit.md and official_pytorch_code.md. Where this
+field in docs/reference/official_recipe_audit.md and official_pytorch_code.md. Where this
 project deliberately runs something else, the value is ours and its comment says what the
 authors do (docs/differences.md). Nothing here is computed from the project's code.
 

@@ -1,4 +1,5 @@
-"""Mimetic and impulse attention initialisation (related_methods.md §B, §C, §D.2, §D.3)."""
+"""Mimetic and impulse attention initialisation (docs/reference/related_methods.md §B, §C, §D.2,
+§D.3)."""
 
 import time
 

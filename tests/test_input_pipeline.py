@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from tests.config_files import load_config
 from vitboot_jax import configlib, input_pipeline, preprocess
 
 MEAN, STD = configlib.NORMALISATION["cifar10"]
@@ -250,8 +251,10 @@ def test_errors(folder, tmp_path):
     input_pipeline.dataset_info(make_config(tmp_path, num_classes=1))
   with pytest.raises(ValueError, match="set --config.data.num_classes=3"):
     input_pipeline.dataset_info(make_config(folder, num_classes=10))
+  bad_fraction = load_config("tiny_config")
+  bad_fraction.data.train_fraction = 1.5
   with pytest.raises(ValueError, match="config.data.train_fraction"):
-    configlib.validate(make_config(folder, train_fraction=1.5))  # Checked once, at entry.
+    configlib.validate(bad_fraction)  # Checked once, at entry.
   with pytest.raises(ValueError, match="config.batch_size=6 .* multiple of 4"):
     input_pipeline.train_batches(make_config(folder), process_index=0, process_count=4)
   with pytest.raises(ValueError, match="config.data.eval_batch_size"):

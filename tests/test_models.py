@@ -17,7 +17,7 @@ from vitboot_jax.tools.summary import summarise
 @pytest.mark.parametrize(
   "config_name, vit_params, agent_private, vit_macs, agent_macs",
   [
-    # Official counts (reference/official_state_dict_keys.md); paper Table 2 MACs (1.37G,
+    # Official counts (docs/reference/official_state_dict_keys.md); paper Table 2 MACs (1.37G,
     # 4.62G); shared res-like Agent-S with the real convolution ~1.9G.
     ("vits_cifar100", 6_302_404, 212_100, 1.37e9, 1.9e9),
     ("vitb_cifar100", 21_704_164, 288_804, 4.62e9, None),

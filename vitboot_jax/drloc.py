@@ -2,7 +2,8 @@
 
 Per image, m random pairs of cells of the final k x k token grid are fed (concatenated) to a small
 MLP f that regresses (or classifies) their 2-D offset. The loss teaches each token where it sits,
-which a ViT trained on a small data set otherwise learns slowly (reference §A). The grid and f are
+which a ViT trained on a small data set otherwise learns slowly (docs/reference/related_methods.md
+§A). The grid and f are
 part of the model (models/drloc_head.py); this file samples the pairs and scores f's predictions.
 
 Pipeline, all pure functions usable under `jax.jit` (shapes are static):
@@ -11,7 +12,8 @@ Pipeline, all pure functions usable under `jax.jit` (shapes are static):
   loss = drloc_loss(head, head_params, grid, rng) # scalar, mean over B * m pairs
   total = ce + lam * loss                         # lam applied by steps.model_loss
 
-Conventions follow the released code (reference §A.2, §D.4): unnormalised absolute offsets
+Conventions follow the released code (docs/reference/related_methods.md §A.2, §D.4): unnormalised
+absolute offsets
 |Delta| in {0..k-1} and mean reduction, which is what its lambda values were tuned with.
 """
 
@@ -45,7 +47,7 @@ NORMALIZATIONS = ("none", "code", "paper")
 
 
 # ---------------------------------------------------------------------------------------------
-# Sampling and targets (reference §A.1, §A.2)
+# Sampling and targets (docs/reference/related_methods.md §A.1, §A.2)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
@@ -102,11 +104,11 @@ def class_targets(
 
 
 # ---------------------------------------------------------------------------------------------
-# The localisation MLP f (reference §A.3)
+# The localisation MLP f (docs/reference/related_methods.md §A.3)
 
 
 # ---------------------------------------------------------------------------------------------
-# Losses (reference §A.4)
+# Losses (docs/reference/related_methods.md §A.4)
 
 
 def _reg_loss(logits: jax.Array, labels: jax.Array, alpha: float) -> jax.Array:

@@ -71,7 +71,8 @@ class DatasetInfo:
 def subset_indices(
   labels: np.ndarray, fraction: float, file_names: np.ndarray | None = None
 ) -> np.ndarray:
-  """Sorted indices of the official class-balanced subset (reference §5, `make_partial`).
+  """Sorted indices of the official class-balanced subset (docs/reference/official_pytorch_code.md
+  §5, `make_partial`).
 
   Class c's examples, sorted by file name (the official code lists each class folder sorted;
   without `file_names`: in the split's canonical order, which for an image folder is the same),

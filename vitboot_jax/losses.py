@@ -4,7 +4,8 @@ Pure functions on arrays, so `steps.py` can weight and combine them freely and t
 against a plain numpy reference. Everything is computed in float32 whatever the compute dtype,
 because these are small reductions whose rounding would otherwise leak into the gradients.
 Teacher inputs are wrapped in `stop_gradient` here, not by callers, so no call site can forget it
-(reference §3: the official code detaches the teacher in KD and in the hint loss).
+(docs/reference/official_pytorch_code.md §3: the official code detaches the teacher in KD and in
+the hint loss).
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ def feature_losses(
 def feature_weight(
   step: jax.Array | int, steps_per_epoch: int, num_epochs: int | float, per: str = "epoch"
 ) -> jax.Array:
-  """Linear decay max(0, 1 - e/E) of the feature-loss weight (reference §3, "Decay").
+  """Linear decay max(0, 1 - e/E) of the feature-loss weight
+  (docs/reference/official_pytorch_code.md §3, "Decay").
 
   per="epoch" uses the 0-based epoch floor(step / steps_per_epoch), constant inside an epoch, so the
   last epoch still has weight 1/E (official); per="step" decays continuously; per="none" keeps the

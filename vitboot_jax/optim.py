@@ -1,6 +1,7 @@
 """Learning-rate schedules and optimizers built from `config.optim`.
 
-The defaults reproduce the official runs (reference §4): AdamW over every parameter and a cosine
+The defaults reproduce the official runs (docs/reference/official_pytorch_code.md §4): AdamW over
+every parameter and a cosine
 schedule stepped once per epoch. The alternatives (per-step cosine with warmup, no decay on
 biases/norms/embeddings, torch-style SGD for the CNN baselines) are one config field away.
 """

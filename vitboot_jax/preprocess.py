@@ -1,4 +1,5 @@
-"""Per-example image ops of the official pipelines (reference §5), as graph-mode TensorFlow.
+"""Per-example image ops of the official pipelines (docs/reference/official_pytorch_code.md §5), as
+graph-mode TensorFlow.
 
 These run inside `tf.data` maps. Every random choice comes from a stateless op keyed by a seed that
 `example_seed` derives from (config.seed, epoch, example index), so the augmented image of an

@@ -224,7 +224,8 @@ class AgentBlock(nn.Module):
       attn, mlp = shared["attn"], shared["mlp"]
       qkv, out = attn[sharing.QKV], attn[sharing.OUT]
       taps = sharing.shared_taps(qkv["kernel"], out["kernel"], self.num_taps)
-      conv_bias = out["bias"]  # b_O only; b_V is not part of the CONV (reference §2.6).
+      # b_O only; b_V is not part of the CONV (docs/reference/official_pytorch_code.md §2.6).
+      conv_bias = out["bias"]
       fc1 = lambda y: shared_dense(y, mlp[sharing.MLP_IN], self.kernels)
       fc2 = lambda y: shared_dense(y, mlp[sharing.MLP_OUT], self.kernels)
 

@@ -1,7 +1,7 @@
 """Structured attention initialisations applied after the standard ViT init.
 
 Two data-free schemes that give a ViT's attention a useful shape before training
-(reference: shared/reference/related_methods.md §B, §C, §D.2-D.4):
+(docs/reference/related_methods.md §B, §C, §D.2-D.4):
 
 * Mimetic (Trockman & Kolter 2023): per head W_q W_k^T ~ a1 Z1 + b1 I (attend to self) and per
   layer W_v W_o ~ a2 Z2 - b2 I, both factorised by SVD.

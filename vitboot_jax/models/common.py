@@ -1,6 +1,7 @@
 """Initialisers and small layers shared by the ViT and the agent CNN.
 
-The "official" initialisers reproduce the authors' PyTorch code, quirks included (reference §1.5,
+The "official" initialisers reproduce the authors' PyTorch code, quirks included
+(docs/reference/official_pytorch_code.md §1.5,
 §2.2): N(0, 1) patch-conv weights and N(1e-6, 1) MLP / stem biases (their `normal_(b, 1e-6)` sets
 the mean, not the std). The "standard" set is the usual ViT recipe (big_vision-like).
 """

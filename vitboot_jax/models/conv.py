@@ -1,10 +1,9 @@
 """2-D convolutions written as matmuls where XLA's own convolution is slow: on CPUs.
 
 XLA:CPU runs convolutions through Eigen at the float32 GEMM rate at best, its kernel-gradient
-convolution at a fraction of it (measured on our dev VM at batch 32: the agent's 3x3 CONV at
-28x28x288 took 1.07 s forward+backward as a convolution, 0.36 s as bf16 matmuls; the 7x7 stem on
-3 input channels ran its kernel gradient at 16 GFLOP/s), and it never uses the AMX/AVX512-BF16
-matmul kernel. Written as matmuls, forward and backward are GEMMs that `matmul.einsum` runs on
+convolution at a fraction of it, and it never uses the AMX/AVX512-BF16 matmul kernel (numbers:
+docs/results.md, "Throughput at 224 px"). Written as matmuls, forward and backward are GEMMs that
+`matmul.einsum` runs on
 that kernel under bf16. These are the `cpu` kernel set's (models/kernels.py); on GPUs and TPUs
 cuDNN and the TPU convolution unit beat anything built from matmuls, so the `xla` set uses lax's.
 

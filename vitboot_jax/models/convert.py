@@ -1,6 +1,6 @@
 """Imports official PyTorch `state_dict`s (dicts of numpy arrays) into our variable trees.
 
-Key names and layouts are those of ../shared/reference/official_state_dict_keys.md: Linear
+Key names and layouts are those of docs/reference/official_state_dict_keys.md: Linear
 weights [out, in] become Flax kernels [in, out]; Conv2d [out, in, kh, kw] becomes HWIO; ViT
 tensors that are sequence-first ([N, 1, D]) become batch-first. Works on gradients too (same
 names, no BatchNorm statistics), which is how the golden tests compare gradients.

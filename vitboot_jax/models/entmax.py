@@ -1,6 +1,7 @@
 """alpha-entmax by bisection, with exact gradients w.r.t. the scores and alpha.
 
-This backs the paper's "Sparse" ViT (reference §1.6): every attention layer replaces softmax by
+This backs the paper's "Sparse" ViT (docs/reference/official_pytorch_code.md §1.6): every attention
+layer replaces softmax by
 alpha-entmax with one learnable alpha (init 1.5), solved by 50 bisection steps and renormalised to
 sum to one (the official `ensure_sum_one`). The official ViT-B-Sparse yaml is a byte copy of the
 ViT-S one, so its "ViT-B-Sparse" is really a ViT-S; ours builds the size the config names.

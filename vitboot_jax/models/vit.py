@@ -87,7 +87,8 @@ def attend_in_chunks(core, q: jax.Array, k: jax.Array, v: jax.Array, chunk: int)
 
 
 def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:
-  """The initialisers of every ViT tensor for one scheme (reference §1.5)."""
+  """The initialisers of every ViT tensor for one scheme (docs/reference/official_pytorch_code.md
+  §1.5)."""
   if init == "official":
     return dict(
       patch_kernel=common.normal(1.0),
@@ -114,7 +115,8 @@ def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:
 class Attention(nn.Module):
   """Multi-head self-attention with a fused [Q|K|V] projection.
 
-  attention="entmax" is the paper's Sparse ViT (reference §1.6): alpha-entmax with one learnable
+  attention="entmax" is the paper's Sparse ViT (docs/reference/official_pytorch_code.md §1.6):
+  alpha-entmax with one learnable
   alpha per layer (`entmax_alpha`, init 1.5, shared by heads, not clamped) instead of softmax.
   """
 

@@ -1,0 +1,44 @@
+"""README: its paper tables are generated from paper_results (one place for the paper's numbers)
+and the commands it gives exist."""
+
+import pathlib
+import re
+
+import pytest
+
+from vitboot_jax.tools import sweep
+
+README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def _block(marker: str) -> str:
+  match = re.search(rf"<!-- {re.escape(marker)}[^>]*-->\n(.*?)<!-- end -->", README, re.S)
+  assert match, f"README has no block <!-- {marker} ... -->"
+  return match.group(1)
+
+
+@pytest.mark.parametrize(
+  "marker, table, also",
+  [
+    ("sweep --table=cifar100", "cifar100", ("cifar10",)),
+    ("sweep --table=imagenet", "imagenet", ()),
+    ("sweep --table=ablation", "ablation", ()),
+  ],
+)
+def test_paper_tables_are_generated_from_paper_results(marker, table, also):
+  assert _block(marker) == sweep.rows_markdown(sweep.TABLES[table], *also)
+
+
+def test_config_paths_in_readme_exist():
+  root = pathlib.Path(__file__).resolve().parents[1]
+  paths = set(re.findall(r"configs/[a-z0-9_]+\.py", README))
+  assert paths, "README names no config"
+  missing = sorted(p for p in paths if not (root / p).is_file())
+  assert not missing, f"README names configs that do not exist: {missing}"
+
+
+def test_tool_modules_in_readme_exist():
+  root = pathlib.Path(__file__).resolve().parents[1]
+  tools = set(re.findall(r"python -m (vitboot_jax(?:\.\w+)+)", README))
+  missing = sorted(t for t in tools if not (root / (t.replace(".", "/") + ".py")).is_file())
+  assert not missing, f"README runs modules that do not exist: {missing}"
