@@ -22,6 +22,7 @@ def _qkv(batch=8, heads=3, tokens=17, dim=4, dtype=jnp.float32):
   "attention, dtype, rtol",
   [("softmax", jnp.float32, 1e-5), ("entmax", jnp.float32, 1e-4), ("softmax", jnp.bfloat16, 2e-2)],
 )
+@pytest.mark.slow
 def test_chunks_give_the_plain_values_gradients_and_masks(attention, dtype, rtol):
   q, k, v = _qkv(dtype=dtype)
   cotangent = jax.random.normal(jax.random.key(5), v.shape).astype(dtype)
@@ -88,6 +89,7 @@ def test_images_per_chunk_budget_and_devices():
   assert vit_lib.images_per_chunk(kernels_lib.XLA, 64, 3, 5) == 64
 
 
+@pytest.mark.slow
 def test_vit_train_step_identical_with_and_without_chunks():
   """Whole ViT, dropout on, batch sharded over the 8 devices: the loss and gradients agree."""
   model = vit_lib.ViT(

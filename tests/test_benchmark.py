@@ -24,6 +24,7 @@ MODE_KEYS = {
 }
 
 
+@pytest.mark.slow
 def test_benchmark_prints_one_json_object_per_line():
   printed = []
   benchmark.run(
@@ -61,6 +62,7 @@ def test_mode_config_sets_mode_align_and_dtype():
   assert config.mode == "shared" and config.compute_dtype == "float32"  # The input is untouched.
 
 
+@pytest.mark.slow
 def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
   from vitboot_jax.models import kernels as kernels_lib
   from vitboot_jax.models import vit as vit_lib
@@ -93,6 +95,7 @@ def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
   assert traced  # The new variant really took the chunked path.
 
 
+@pytest.mark.slow
 def test_kernel_ab_flips_the_kernel_set_and_rejects_unknown_switches():
   from vitboot_jax.tools import kernel_ab
 
@@ -104,6 +107,7 @@ def test_kernel_ab_flips_the_kernel_set_and_rejects_unknown_switches():
     kernel_ab.run(load_config("tiny_config"), switch="nope", batch=8, steps=1, warmup=0, modes=[])
 
 
+@pytest.mark.slow
 def test_benchmark_times_the_whole_loop_and_a_full_evaluation(image_folder):
   config = load_config("tiny_config", "mode=vit")
   config.data.dir = str(image_folder)
@@ -129,6 +133,7 @@ def test_benchmark_times_the_whole_loop_and_a_full_evaluation(image_folder):
   assert row["eval_forward_img_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_kernel_ab_compiles_the_new_variant_with_xla_options():
   from vitboot_jax.tools import kernel_ab
 

@@ -232,6 +232,7 @@ def test_efficientnet_goog_init():
 
 
 @pytest.mark.parametrize("setup", ["resnet_setup", "effnet_setup"])
+@pytest.mark.slow
 def test_train_updates_batch_stats_and_eval_is_deterministic(setup, request):
   model, variables, step = request.getfixturevalue(setup)
   x = images()

@@ -27,6 +27,7 @@ def _lax(x, kernel, strides, padding):
     ("strided 1x1", (2, 8, 8, 80), (1, 1, 80, 16), (2, 2), "VALID"),
   ],
 )
+@pytest.mark.slow
 def test_conv_as_matmuls_equals_lax_conv(name, x_shape, kernel_shape, strides, padding):
   kx, kk, kc = jax.random.split(jax.random.key(0), 3)
   x = jax.random.normal(kx, x_shape)

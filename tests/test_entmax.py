@@ -146,6 +146,7 @@ def test_gradient_is_smooth_through_alpha_one():
   np.testing.assert_allclose(g, g[1], rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_sparse_vit_alpha_per_layer_and_gradients():
   vit = ViT(num_classes=5, patch_size=8, embed_dim=24, depth=2, num_heads=3, mlp_dim=48)
   sparse = vit.clone(attention="entmax")

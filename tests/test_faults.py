@@ -180,6 +180,7 @@ def _tiny_config(folder):
   return config
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_before_saving_it(image_folder, tmp_path, monkeypatch):
   """A NaN loss at a checkpoint step (8) stops training; steps 4 survives, 8 is never written."""
   make_step = steps.make_train_step

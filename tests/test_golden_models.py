@@ -27,6 +27,7 @@ def test_vit_logits(golden_dir, kernels):
 
 
 @pytest.mark.parametrize("name", ["shared_res_h9", "shared_vitstem_h9", "shared_res_h6"])
+@pytest.mark.slow
 def test_shared_logits_and_features(golden_dir, name, kernels):
   data, sd, images, index = golden.load(golden_dir, name)
   vit, agent = (m.clone(kernels=kernels) for m in golden.shared_modules(index))

@@ -33,6 +33,7 @@ def _flat(tree):
 
 
 @pytest.mark.parametrize("mode", ["vit", "joint", "shared"])
+@pytest.mark.slow
 def test_initialise_replaces_only_the_vit(mode, tmp_path):
   config = _config(f"mode={mode}")
   state, models, tx, shardings = _fresh_state(config)

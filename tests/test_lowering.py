@@ -28,6 +28,7 @@ def check_accelerator_rows(rows, platforms=("cuda", "tpu")):
     assert row["convolutions"] > 0, name
 
 
+@pytest.mark.slow
 def test_tiny_config_lowers_for_accelerators_and_cpu():
   config = load_config("tiny_config")
   printed = []

@@ -153,6 +153,7 @@ def test_multi_process_runs_never_download(tmp_path):
   assert not (tmp_path / "run").exists() and not (tmp_path / "tfds").exists()
 
 
+@pytest.mark.slow
 def test_finished_workdir_refuses_another_config_and_reruns_the_same(uninterrupted, image_folder):
   base = [f"--config={TINY}", f"--workdir={uninterrupted}", f"--config.data.dir={image_folder}"]
   same = ["--config.num_epochs=3", "--config.checkpoint_every_steps=4"]

@@ -40,6 +40,7 @@ def make(config):
 @pytest.mark.parametrize(
   "switch", ["sam=1", "attention=entmax", "drloc=0.1", "init=mimetic", "init=impulse3"]
 )
+@pytest.mark.slow
 def test_switch_trains_in_shared_mode(switch):
   config = load_config("tiny_config", f"mode=shared,{switch}")
   models, _, state, step = make(config)
@@ -54,6 +55,7 @@ def test_switch_trains_in_shared_mode(switch):
     assert float(metrics["train/sam_grad_norm"]) > 0
 
 
+@pytest.mark.slow
 def test_sam_ascends_rho_and_updates_with_the_perturbed_gradient():
   config = load_config("tiny_config", "mode=vit,sam=0.05")
   config.optim.eps = 1e-3  # Keeps AdamW's first step smooth in g (see test_steps).
@@ -84,6 +86,7 @@ def test_sam_ascends_rho_and_updates_with_the_perturbed_gradient():
   assert not np.allclose(jax.tree.leaves(g_sam)[0], jax.tree.leaves(g)[0])
 
 
+@pytest.mark.slow
 def test_drloc_head_is_trained_and_private_to_its_model():
   config = load_config("tiny_config", "mode=shared,drloc=0.5")
   config.drloc.models = ("vit", "agent")
@@ -101,6 +104,7 @@ def test_drloc_head_is_trained_and_private_to_its_model():
   assert max(float(m.max()) for m in jax.tree.leaves(mask["drloc_vit"])) == 0.0
 
 
+@pytest.mark.slow
 def test_drloc_in_joint_mode_steps_each_head_with_its_model():
   config = load_config("tiny_config", "mode=joint,drloc=0.5")
   config.drloc.models = ("vit", "agent")
@@ -142,6 +146,7 @@ def test_cnn_baseline_configs_build_a_train_step(name):
 @pytest.mark.parametrize(
   "switch", ["sam=1", "attention=entmax", "drloc=0.01", "init=mimetic", "decay=none,kd=0"]
 )
+@pytest.mark.slow
 def test_paper_configs_build_with_switches(switch):
   config = load_config("vits_cifar100", f"mode=shared,{switch}")
   models = build_models(config)

@@ -118,6 +118,7 @@ def _agent_logits(models, variables, images):
   return models.apply(variables, images, train=False, names=("agent",))[0]["agent"][0]
 
 
+@pytest.mark.slow
 def test_sharing_is_literal():
   models, variables, images = _tiny()
   agent_leaves = jax.tree_util.tree_leaves_with_path(variables["params"]["agent"])
@@ -166,6 +167,7 @@ def test_shared_mask_marks_exactly_the_tied_entries():
   assert all(float(m.max()) == 0.0 for m in jax.tree.leaves(mask["agent"]))
 
 
+@pytest.mark.slow
 def test_shared_mask_is_what_the_agent_reads():
   # The mask (models/sharing.py) and the agent's reads of the ViT's tree must name the same
   # entries: a rename in vit.py that only one of them follows fails here.
@@ -209,6 +211,7 @@ def test_features_and_shapes():
   assert [f.shape for f in agent_out["features"]] == [(2, 16, 16, 36), (2, 8, 8, 36)]
 
 
+@pytest.mark.slow
 def test_official_init_quirks():
   config = load_config("vits_cifar100")
   models = build_models(config)
@@ -253,6 +256,7 @@ def test_bad_config_names_the_field(field, value, message):
     configlib.validate(config)  # Once, at the entry point (train.py, the tools).
 
 
+@pytest.mark.slow
 def test_even_window_heads_need_centered_taps():
   config = load_config("tiny_config")
   config.model.num_heads = 4

@@ -78,6 +78,7 @@ def test_load_run_splits_train_and_eval(tmp_path):
   np.testing.assert_allclose(y, [0.2, 0.3, 0.4])
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(tmp_path):
   pytest.importorskip("matplotlib")
   tf = pytest.importorskip("tensorflow")

@@ -46,6 +46,7 @@ def golden(golden_dir):
   return dict(np.load(golden_dir / "timm_vit_64.npz")), golden_dir / "timm_vit_64.safetensors"
 
 
+@pytest.mark.slow
 def test_timm_checkpoint_reproduces_timm_logits(golden):
   data, path = golden
   model = _timm_vit(path.parent)
@@ -53,6 +54,7 @@ def test_timm_checkpoint_reproduces_timm_logits(golden):
   assert rel_err(_logits(model, params, data["input"]), data["logits"]) < 1e-4
 
 
+@pytest.mark.slow
 def test_timm_checkpoint_at_96px_resamples_pos_embed_like_timm(golden):
   data, path = golden
   model = _timm_vit(path.parent)

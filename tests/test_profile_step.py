@@ -27,6 +27,7 @@ def test_parse_hlo_folds_fused_computations_into_their_fusion():
   assert "transpose(" in sources or "jvp(" in sources  # JAX name stacks survive in metadata.
 
 
+@pytest.mark.slow
 def test_profile_of_a_tiny_vit_step_accounts_for_its_time():
   printed = []
   lines = profile_step.run(

@@ -100,6 +100,33 @@ def test_a_line_during_a_long_evaluation():
   assert during[0] == "evaluating at step 40: batch 4/10  ETA 2m12s"
 
 
+def test_a_later_evaluation_line_trusts_the_last_evaluation_time():
+  clock, lines = FakeClock(), []
+  p = _progress(clock, lines, eval_every=20, total_steps=40)
+  clock.now = 10.0
+  p.step(10, {})
+  clock.now = 20.0
+  p.step(20, {})
+
+  def batches(seconds):
+    for i in range(10):
+      clock.now += seconds[i]
+      yield i
+
+  uneven = [1.0] * 8 + [40.0, 40.0]  # Fast first batches, then slow ones: 88 s in all.
+  with p.evaluating(20):
+    list(p.eval_batches(batches(uneven), num_batches=10))
+  clock.now += 10.0
+  p.step(30, {})
+  clock.now += 10.0
+  p.step(40, {})
+  with p.evaluating(40):
+    list(p.eval_batches(batches([4.0] * 8 + [40.0, 40.0]), num_batches=10))
+  last = [line for line in lines if line.startswith("evaluating at step 40")][0]
+  # 32 s in, 7 batches done: they alone would say 14 s left; the last evaluation took 88 s.
+  assert last == "evaluating at step 40: batch 7/10  ETA 56s", last
+
+
 def test_library_info_is_dropped_and_warnings_kept():
   quiet = progress._QuietLibraries()
 
@@ -124,6 +151,7 @@ def test_tensorflow_starts_quietly():
   assert "oneDNN" not in proc.stderr and "absl::InitializeLog" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_console_of_a_run_is_compact(uninterrupted):
   """The tiny end-to-end run (30 steps, a line every step, 3 evaluations)."""
   console = (uninterrupted.parent / "uninterrupted.console.txt").read_text()

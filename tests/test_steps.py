@@ -69,6 +69,7 @@ def gradients(config, models, state, batch, weight=1.0):
     ("shared_res_h6", "cpu"),
   ],
 )
+@pytest.mark.slow
 def test_official_loss_terms_and_gradients(golden_dir, name, kernels):
   data, sd, images, index = golden.load(golden_dir, name)
   config = golden.shared_config(index)
@@ -127,6 +128,7 @@ def _flat(tree, mask):
   return np.concatenate([p.ravel() for p in jax.tree.leaves(parts)])
 
 
+@pytest.mark.slow
 def test_shared_update_is_algorithm_1():
   # A large Adam epsilon keeps the first AdamW step smooth in g (with eps=1e-8 it is
   # ~lr * sign(g), which turns float noise in near-zero gradients into full-size steps).
@@ -171,6 +173,7 @@ def test_shared_update_is_algorithm_1():
   assert float(metrics["train/align_conflict"]) == float(cos < 0)
 
 
+@pytest.mark.slow
 def test_align_changes_the_update_only_when_gradients_conflict():
   config, models, tx, state, step = setup("shared")
   config_none, _, _, _, step_none = setup("shared", align="none")
@@ -187,6 +190,7 @@ def test_align_changes_the_update_only_when_gradients_conflict():
   assert 0.0 <= float(m_pc["train/align_conflict_fraction"]) <= 1.0
 
 
+@pytest.mark.slow
 def test_align_none_is_the_gradient_of_the_summed_loss():
   config, models, _, state, _ = setup("shared", align="none")
   batch = batch_of()
@@ -209,6 +213,7 @@ def test_align_none_is_the_gradient_of_the_summed_loss():
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_joint_models_never_read_each_other():
   config, models, _, state, step = setup("joint")
   grads, _, terms = gradients(config, models, state, batch_of())
@@ -221,6 +226,7 @@ def test_joint_models_never_read_each_other():
 
 @pytest.mark.parametrize("mode", ["vit", "agent"])
 @pytest.mark.parametrize("kernels", ["xla", "cpu"])
+@pytest.mark.slow
 def test_single_model_modes(mode, kernels):
   _, models, _, state, step = setup(mode, kernels=kernels)
   assert models.kernels.name == kernels
@@ -230,6 +236,7 @@ def test_single_model_modes(mode, kernels):
   assert int(new_state.step) == 1
 
 
+@pytest.mark.slow
 def test_step_compiles_once_and_trains():
   config, models, tx, state, step = setup("shared")
   traced = chex.assert_max_traces(step, n=1)
@@ -245,6 +252,7 @@ def test_step_compiles_once_and_trains():
   assert float(metrics["train/feature_weight"]) == 0.5
 
 
+@pytest.mark.slow
 def test_no_decay_keeps_the_feature_weight_past_the_first_epoch():
   """Table 4's "No Decay": loss.feature_decay="none" weighs the feature term 1 at every step."""
   _, _, _, state, step = setup("joint", **{"loss.feature_decay": "none"})
@@ -255,6 +263,7 @@ def test_no_decay_keeps_the_feature_weight_past_the_first_epoch():
 
 
 @pytest.mark.parametrize("kernels", ["xla", "cpu"])
+@pytest.mark.slow
 def test_sharded_batch_matches_single_device(kernels):
   """Dropout on in both models: each kernel set draws the same masks on 1 and on 8 devices."""
   assert jax.device_count() == 8

@@ -18,6 +18,7 @@ from tests.runs import run as _run
 from tests.runs import train_losses as _train_losses
 
 
+@pytest.mark.slow
 def test_end_to_end_outputs(uninterrupted):
   workdir = uninterrupted
   for name in ("config.json", "metrics.jsonl", "final.json"):
@@ -40,6 +41,7 @@ def test_end_to_end_outputs(uninterrupted):
   assert checkpoints[-1] == 30 and len(checkpoints) <= 3
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_exits_at_once(uninterrupted, image_folder):
   before = (uninterrupted / "metrics.jsonl").read_text()
   proc = _run(uninterrupted, image_folder)
@@ -47,6 +49,7 @@ def test_rerunning_a_finished_run_exits_at_once(uninterrupted, image_folder):
   assert (uninterrupted / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_uninterrupted(uninterrupted, image_folder, tmp_path):
   workdir = tmp_path / "killed"
   proc = subprocess.Popen(
@@ -88,6 +91,7 @@ def _assert_same_train_losses(reference, records, steps):
       assert got[step][key] == pytest.approx(want[step][key], rel=1e-4), (step, key)
 
 
+@pytest.mark.slow
 def test_eight_devices_match_one(uninterrupted, image_folder, tmp_path):
   # The uninterrupted run used 1 device; the same first 3 steps on 8 devices.
   _run(tmp_path / "eight", image_folder, "--config.total_steps=3", devices=8)
@@ -100,6 +104,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_train_and_agree(uninterrupted, image_folder, tmp_path):
   port = _free_port()
   procs = []
@@ -157,6 +162,7 @@ def test_bad_input_fails_fast_naming_the_field(override, message, tmp_path):
   assert not (tmp_path / "bad").exists()  # Nothing is written before the run is known to start.
 
 
+@pytest.mark.slow
 def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
   """A tiny shared-mode run on a tfds dataset (tfds.testing.mock_data: no download, no files)."""
   import functools

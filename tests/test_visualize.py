@@ -143,6 +143,7 @@ def test_save_png_round_trips(tmp_path):
 # The tool.
 
 
+@pytest.mark.slow
 def test_fresh_init_writes_every_figure(fresh):
   out, result, _ = fresh
   assert result.step is None
@@ -266,6 +267,7 @@ def test_workdir_without_checkpoints_is_an_error_and_left_untouched(image_folder
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_loads_the_newest_checkpoint_of_a_run(trained_run, tmp_path, fresh):
   config, workdir = trained_run
   out = tmp_path / "out"
@@ -279,6 +281,7 @@ def test_loads_the_newest_checkpoint_of_a_run(trained_run, tmp_path, fresh):
   np.testing.assert_allclose(result.attention[1].sum(-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_command_line_on_a_checkpoint(image_folder, trained_run, tmp_path):
   """One device here (the run had 8): the restore must not depend on the saving mesh."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")

@@ -124,6 +124,8 @@ class Progress:
         last = now
         elapsed = now - self._eval_start
         left = elapsed / i * max(num_batches - i, 0)
+        if self.eval_seconds is not None:  # Batches do not cost alike; the last run's time holds.
+          left = max(left, self.eval_seconds - elapsed)
         after = self.eta(self._eval_step, evaluated=True)  # What follows this evaluation.
         self._log(
           "evaluating at step %d: batch %d/%d  ETA %s",

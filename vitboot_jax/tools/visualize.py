@@ -1,4 +1,4 @@
-r"""Attention and feature-map figures of a run, as the paper's appendix (issue 5, item 6).
+r"""Attention and feature-map figures of a run, as the paper's appendix.
 
   python -m vitboot_jax.tools.visualize --config=configs/quickstart.py --out=/tmp/vis \
     --workdir=workdirs/quickstart --num_images=4
