@@ -52,6 +52,7 @@ def test_chunks_give_the_plain_values_gradients_and_masks(attention, dtype, rtol
       np.testing.assert_allclose(ours, ref, rtol=rtol, atol=rtol * np.abs(ref).max())
 
 
+@pytest.mark.slow
 def test_chunk_masks_are_the_whole_batch_masks():
   """Dropped probabilities sit where the whole-batch mask drops them (zero output rows)."""
   q, k, v = _qkv()

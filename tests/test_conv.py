@@ -45,6 +45,7 @@ def test_conv_as_matmuls_equals_lax_conv(name, x_shape, kernel_shape, strides, p
 
 
 @pytest.mark.parametrize("heads", [6, 9])
+@pytest.mark.slow
 def test_taps_conv_skips_unused_taps(heads):
   k, positions = tap_positions(heads, "official")
   x = jax.random.normal(jax.random.key(1), (2, 5, 5, 8))
@@ -56,6 +57,7 @@ def test_taps_conv_skips_unused_taps(heads):
   assert sum(e.primitive.name == "dot_general" for e in jaxpr.jaxpr.eqns) == heads
 
 
+@pytest.mark.slow
 def test_bfloat16_taps_conv_accumulates_in_float32():
   k, positions = tap_positions(9, "official")
   x = jax.random.normal(jax.random.key(3), (2, 6, 6, 64))
@@ -75,6 +77,7 @@ def test_bfloat16_taps_conv_accumulates_in_float32():
   np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.slow
 def test_flax_hook_falls_back_for_what_it_does_not_handle():
   x = jax.random.normal(jax.random.key(5), (2, 9, 9, 4))
   for module in (
@@ -89,6 +92,7 @@ def test_flax_hook_falls_back_for_what_it_does_not_handle():
     )
 
 
+@pytest.mark.slow
 def test_max_pool_equals_flax_max_pool_values_and_gradients():
   x = jax.random.normal(jax.random.key(7), (2, 11, 10, 4))
   want = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))

@@ -399,6 +399,7 @@ def test_defaults():
 # Learnability: training only f and the token grid drives the loss down.
 
 
+@pytest.mark.slow
 def test_loss_falls_when_training_head_and_tokens():
   b, k_tokens, d, steps = 2, 14, 32, 100
   head = drloc_head.make_head("l1")  # Default: 512 hidden units, |Delta| targets, m = 64.

@@ -49,6 +49,7 @@ def test_shared_logits_and_features(golden_dir, name, kernels):
 
 
 @pytest.mark.parametrize("name", ["agent_small_res_like", "agent_base_res_like"])
+@pytest.mark.slow
 def test_standalone_agent_logits(golden_dir, name, kernels):
   data, sd, images, index = golden.load(golden_dir, name)
   agent = golden.standalone_agent(index).clone(kernels=kernels)

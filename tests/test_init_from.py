@@ -63,6 +63,7 @@ def test_initialise_replaces_only_the_vit(mode, tmp_path):
     ("mode=vit,init=mimetic", "x.npz", "config.model.init='mimetic' would be overwritten"),
   ],
 )
+@pytest.mark.slow
 def test_initialise_refuses_what_it_cannot_do(arg, init_from_value, message):
   config = _config(arg)
   state, models, tx, shardings = _fresh_state(config)
@@ -71,6 +72,7 @@ def test_initialise_refuses_what_it_cannot_do(arg, init_from_value, message):
     init_from.initialise(state, config, tx, shardings)
 
 
+@pytest.mark.slow
 def test_fine_tune_run_starts_from_a_pre_training_run(tmp_path, monkeypatch):
   """Pre-train, then a run with init_from=that workdir and lr 0: the ViT it trains and
   checkpoints is exactly the pre-trained one (train.py's hook; the modes are tested above)."""

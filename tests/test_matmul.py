@@ -22,6 +22,7 @@ def _operands(subscripts, dtype=jnp.float32):
 
 
 @pytest.mark.parametrize("subscripts", SUBSCRIPTS)
+@pytest.mark.slow
 def test_float32_is_plain_einsum(subscripts):
   a, b = _operands(subscripts)
   np.testing.assert_array_equal(matmul.einsum(subscripts, a, b), jnp.einsum(subscripts, a, b))

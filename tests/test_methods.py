@@ -126,6 +126,7 @@ def test_drloc_on_unknown_model_names_the_field():
 
 
 @pytest.mark.parametrize("name", ["resnet50", "efficientnet_b2"])
+@pytest.mark.slow
 def test_cnn_baseline_configs_build_a_train_step(name):
   config = load_config("cnn_baselines", f"model={name},dataset=cifar10")
   assert config.optim.name == "sgd" and config.optim.momentum == 0.0 and config.optim.lr == 0.05

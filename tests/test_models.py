@@ -156,6 +156,7 @@ def test_sharing_is_literal():
   np.testing.assert_allclose(perturbed(("attn", "qkv", "bias"), lambda b: b + 0.1), base, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_shared_mask_marks_exactly_the_tied_entries():
   models, variables, _ = _tiny()
   mask = sharing.shared_mask(variables["params"])
@@ -228,6 +229,7 @@ def test_official_init_quirks():
   assert float(jnp.abs(params["vit"]["block_0"]["mlp"]["fc1"]["bias"]).max()) < 1e-4
 
 
+@pytest.mark.slow
 def test_dropout_only_in_train_mode():
   models, variables, images = _tiny("shared", **{"model.dropout": 0.5, "agent.mlp_dropout": 0.5})
   eval1 = models.apply(variables, images, train=False)[0]["vit"][0]
@@ -300,6 +302,7 @@ def test_hashed_dropout_statistics():
   np.testing.assert_array_equal(Dropout(0.0).apply({}, x, deterministic=False), x)
 
 
+@pytest.mark.slow
 def test_hashed_bits_look_independent():
   """Every bit is fair, and neighbours, rows and masks of other keys are uncorrelated."""
   from vitboot_jax.models.common import hashed_bits

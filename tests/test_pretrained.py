@@ -66,6 +66,7 @@ def test_timm_checkpoint_at_96px_resamples_pos_embed_like_timm(golden):
   assert any("pos_embed resampled from 64 to 144" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_other_class_count_gets_the_fresh_head_and_says_so(golden):
   _, path = golden
   model = _timm_vit(path.parent, num_classes=7)
@@ -151,6 +152,7 @@ def _tiny(**kw):
     (_tiny(patch_size=4), r"patch_embed/kernel has shape \(8, 8, 3, 72\).*config.model.patch_size"),
   ],
 )
+@pytest.mark.slow
 def test_a_model_that_does_not_fit_names_parameter_shapes_and_fix(golden, model, match):
   _, path = golden
   with pytest.raises(ValueError, match=match):

@@ -140,6 +140,7 @@ def test_library_info_is_dropped_and_warnings_kept():
   assert quiet.filter(record("/vitboot_jax/train.py", logging.INFO))
 
 
+@pytest.mark.slow
 def test_tensorflow_starts_quietly():
   code = "from vitboot_jax import progress; progress.import_tensorflow(); print('imported')"
   variables = _env(1)

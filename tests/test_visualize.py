@@ -197,6 +197,7 @@ def test_without_matplotlib_the_figures_are_plain_tiles(tmp_path, monkeypatch, c
   assert len(note) == 1 and "matplotlib is not installed" in note[0]
 
 
+@pytest.mark.slow
 def test_maps_have_the_models_shapes_and_attention_rows_sum_to_one(fresh):
   _, result, _ = fresh
   assert result.images.shape == (2, 32, 32, 3)
@@ -229,6 +230,7 @@ def _captured_attention(config, variables, images):
 
 
 @pytest.mark.parametrize("attention", ["softmax", "entmax"])
+@pytest.mark.slow
 def test_attention_from_block_inputs_matches_the_forward(image_folder, fresh, attention):
   from vitboot_jax.models.build import build_models
 
