@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.config_files import load_config
-from vitboot_jax.tools import benchmark
+from vitboot_jax.tools.perf import benchmark
 
 MODE_KEYS = {
   "mode",
@@ -66,7 +66,7 @@ def test_mode_config_sets_mode_align_and_dtype():
 def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
   from vitboot_jax.models import kernels as kernels_lib
   from vitboot_jax.models import vit as vit_lib
-  from vitboot_jax.tools import kernel_ab
+  from vitboot_jax.tools.perf import kernel_ab
 
   traced = []
   original = vit_lib.attend_in_chunks
@@ -97,7 +97,7 @@ def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
 
 @pytest.mark.slow
 def test_kernel_ab_flips_the_kernel_set_and_rejects_unknown_switches():
-  from vitboot_jax.tools import kernel_ab
+  from vitboot_jax.tools.perf import kernel_ab
 
   (row,) = kernel_ab.run(
     load_config("tiny_config"), switch="kernels", batch=8, steps=1, warmup=0, modes=["agent"]
@@ -135,7 +135,7 @@ def test_benchmark_times_the_whole_loop_and_a_full_evaluation(image_folder):
 
 @pytest.mark.slow
 def test_kernel_ab_compiles_the_new_variant_with_xla_options():
-  from vitboot_jax.tools import kernel_ab
+  from vitboot_jax.tools.perf import kernel_ab
 
   options = kernel_ab.parse_options(["xla_cpu_prefer_vector_width=256", "xla_cpu_use_xnnpack=true"])
   assert options == {"xla_cpu_prefer_vector_width": 256, "xla_cpu_use_xnnpack": True}

@@ -106,7 +106,7 @@ def test_steps_take_uint8_batches():
 
 
 def test_benchmark_input_reports_the_shipped_stream(noisy_folder):
-  from vitboot_jax.tools import benchmark_input
+  from vitboot_jax.tools.perf import benchmark_input
 
   row = benchmark_input.measure(make_config(noisy_folder, stored_size=32), batches=3)
   assert row["bytes_per_image"] == 32 * 32 * 3 and row["dtype"] == "uint8"

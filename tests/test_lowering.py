@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.config_files import load_config
-from vitboot_jax.tools import lowering
+from vitboot_jax.tools.perf import lowering
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def test_paper_configs_lower_for_gpu_and_tpu(config_name):
     [
       sys.executable,
       "-m",
-      "vitboot_jax.tools.lowering",
+      "vitboot_jax.tools.perf.lowering",
       f"--config={ROOT / 'configs' / config_name}.py",
       "--platforms=cuda,tpu",
       "--batch=8",

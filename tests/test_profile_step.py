@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from tests.test_benchmark import load_config
-from vitboot_jax.tools import profile_step
+from vitboot_jax.tools.perf import profile_step
 
 pytest.importorskip("tensorflow")
 

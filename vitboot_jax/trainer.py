@@ -1,6 +1,6 @@
 """What one config trains with: models, optimizer, sharded state and the jitted steps.
 
-`build(config, mesh, steps_per_epoch)` is the one setup of train.py, tools/benchmark.py and
+`build(config, mesh, steps_per_epoch)` is the one setup of train.py, tools/perf/benchmark.py and
 tools/visualize.py; train.py keeps the loop. The config is taken as valid: the entry points call
 configlib.validate once.
 """

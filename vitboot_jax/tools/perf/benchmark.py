@@ -1,6 +1,6 @@
 r"""Times the jitted train step of every mode of one config, back to back in one process.
 
-  python -m vitboot_jax.tools.benchmark --config=configs/vits_cifar100.py --batch 32 \
+  python -m vitboot_jax.tools.perf.benchmark --config=configs/vits_cifar100.py --batch 32 \
     --steps 5 --warmup 2 [--modes vit,agent,joint,shared,shared_noalign] [--dtype bfloat16]
 
 Running all modes in one process on the same devices makes their ratios (shared vs ViT-only,

@@ -1,6 +1,6 @@
 r"""A/B of one kernel choice of the models: the train step with the new and the old variant.
 
-  python -m vitboot_jax.tools.kernel_ab --config=configs/vits_cifar100.py --batch 32 \
+  python -m vitboot_jax.tools.perf.kernel_ab --config=configs/vits_cifar100.py --batch 32 \
     --switch attention_chunks --modes vit,shared --steps 5 [--dtype bfloat16]
 
 Switches (SWITCHES), each a change of the kernel record (models/kernels.py) of the mesh:
@@ -40,7 +40,7 @@ from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import matmul
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.kernels import Kernels
-from vitboot_jax.tools import benchmark
+from vitboot_jax.tools.perf import benchmark
 
 
 def _set(name: str, **changes: Any) -> Callable[[Kernels], Kernels]:

@@ -1,6 +1,6 @@
 r"""Where the train step's time goes: a jax.profiler trace of a few steps, summed per XLA op.
 
-  python -m vitboot_jax.tools.profile_step --config=configs/vits_cifar100.py --mode vit \
+  python -m vitboot_jax.tools.perf.profile_step --config=configs/vits_cifar100.py --mode vit \
     --batch 32 --steps 3 [--dtype bfloat16] [--top 20] [--trace_dir DIR]
 
 The step is compiled exactly as the benchmark compiles it (`benchmark.compile_mode_step`), run
@@ -38,7 +38,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from vitboot_jax import sharding
-from vitboot_jax.tools import benchmark
+from vitboot_jax.tools.perf import benchmark
 
 # Opcodes that only move or re-lay-out data.
 _DATA_MOVEMENT = {

@@ -1,6 +1,6 @@
 r"""Rate of the host input pipeline: the training stream train.py feeds to the steps.
 
-  python -m vitboot_jax.tools.benchmark_input --config=configs/vits_cifar10.py \
+  python -m vitboot_jax.tools.perf.benchmark_input --config=configs/vits_cifar10.py \
     --config.data.name=folder --config.data.dir=../shared/data/cifar10 [--batches 200]
 
 The first epoch (which fills the decoded-image cache when config.data.cache) is read untimed,

@@ -1,6 +1,6 @@
 r"""Proof that every step lowers for GPUs and TPUs: jax.export of each mode's train and eval step.
 
-  python -m vitboot_jax.tools.lowering --config=configs/vits_cifar100.py --platforms=cuda,tpu
+  python -m vitboot_jax.tools.perf.lowering --config=configs/vits_cifar100.py --platforms=cuda,tpu
 
 No accelerator is needed: jax.export lowers for a named platform on any host. For each mode of
 the config (vit, agent, joint, shared), compute dtype (float32, bfloat16) and platform, the
@@ -31,7 +31,7 @@ from vitboot_jax import steps as step_lib
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
-from vitboot_jax.tools import benchmark
+from vitboot_jax.tools.perf import benchmark
 
 MODES = ("vit", "agent", "joint", "shared")
 DTYPES = ("float32", "bfloat16")
