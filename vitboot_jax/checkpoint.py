@@ -40,11 +40,12 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from vitboot_jax.workdirs import CHECKPOINT_SUBDIR, COMMIT_MARKER
+
 PyTree = Any
 
-CHECKPOINT_SUBDIR = "checkpoints"
-# Written by orbax 0.12 into every step directory at commit, in both atomicity modes.
-COMMIT_MARKER = "commit_success.txt"
+# The layout (checkpoints/<step>/commit_success.txt) is defined once in workdirs.py, which the
+# entry point reads before JAX and orbax load.
 _TMP_TAG = ".orbax-checkpoint-tmp"
 # Where step directories of saves that never finished are moved, out of orbax's sight.
 INCOMPLETE_SUBDIR = "incomplete"

@@ -20,8 +20,9 @@ from vitboot_jax import errors
 
 CONFIG_FILE = "config.json"
 FINAL_FILE = "final.json"
-# Must match checkpoint.py's layout (not imported: this module loads before JAX and orbax).
+# The checkpoint layout, here so it loads before JAX and orbax; checkpoint.py imports it.
 CHECKPOINT_SUBDIR = "checkpoints"
+# Written by orbax 0.12 into every step directory at commit, in both atomicity modes.
 COMMIT_MARKER = "commit_success.txt"
 # Fields that may change between runs without changing the experiment.
 VOLATILE_FIELDS = frozenset(
