@@ -166,5 +166,5 @@ def cifar10_32px() -> dict:
     stored_size=0,
     shuffle_buffer=5000,
     cache=True,
-    eval_batch_size=256,
+    eval_batch_size=128,  # Faster than 256 or 64 on 2 CPU cores (docs/performance.md).
   )

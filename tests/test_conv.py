@@ -8,7 +8,7 @@ import pytest
 
 from vitboot_jax.models import conv, kernels
 from vitboot_jax.models.agent import tap_positions
-from vitboot_jax.models.kernels import assemble_kernel
+from vitboot_jax.models.conv import assemble_kernel
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -42,6 +42,79 @@ def test_conv_as_matmuls_equals_lax_conv(name, x_shape, kernel_shape, strides, p
   want_grads = jax.grad(loss(_lax), (0, 1))(x, kernel)
   for g, w in zip(got_grads, want_grads):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def _primitives(fn, *args) -> list[str]:
+  """Every primitive `fn` runs, inside custom derivative rules too."""
+  names = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      names.append(eqn.primitive.name)
+      for sub in jax.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return names
+
+
+@pytest.mark.parametrize(
+  "x_shape, kernel_shape, strides, padding",
+  [
+    ((2, 9, 9, 16), (3, 3, 16, 24), (2, 2), ((1, 1), (1, 1))),
+    ((2, 7, 6, 72), (3, 3, 72, 40), (1, 1), "SAME"),
+    ((2, 20, 20, 3), (7, 7, 3, 16), (2, 2), ((3, 3), (3, 3))),
+  ],
+)
+def test_conv_with_matmul_kernel_grad_equals_lax_conv(x_shape, kernel_shape, strides, padding):
+  kx, kk, kc = jax.random.split(jax.random.key(10), 3)
+  x = jax.random.normal(kx, x_shape)
+  kernel = jax.random.normal(kk, kernel_shape) / np.sqrt(np.prod(kernel_shape[:3]))
+  want = _lax(x, kernel, strides, padding)
+  np.testing.assert_allclose(
+    conv.conv_matmul_kernel_grad(x, kernel, strides, padding), want, rtol=1e-5, atol=1e-5
+  )
+  cotangent = jax.random.normal(kc, want.shape)
+  loss = lambda f: lambda x, k: (f(x, k, strides, padding) * cotangent).sum()
+  got_grads = jax.grad(loss(conv.conv_matmul_kernel_grad), (0, 1))(x, kernel)
+  want_grads = jax.grad(loss(_lax), (0, 1))(x, kernel)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+  # The kernel gradient is built from matmuls (XLA:CPU runs kernel-gradient convolutions slowly).
+  kernel_grad = jax.grad(loss(conv.conv_matmul_kernel_grad), 1)
+  differentiated = [p for p in _primitives(kernel_grad, x, kernel) if p != "custom_vjp_call"]
+  assert "dot_general" in differentiated
+
+
+@pytest.mark.parametrize("heads", [6, 9])
+def test_taps_conv_with_matmul_grad_equals_lax_conv(heads):
+  k, positions = tap_positions(heads, "official")
+  kx, kt, kc = jax.random.split(jax.random.key(11), 3)
+  x = jax.random.normal(kx, (2, 6, 5, 16))
+  taps = jax.random.normal(kt, (heads, 16, 16)) / 12
+  lax_taps = lambda x, t: _lax(x, assemble_kernel(t, k, positions), (1, 1), "SAME")
+  hybrid = lambda x, t: conv.taps_conv_matmul_grad(x, t, positions, k)
+  np.testing.assert_allclose(hybrid(x, taps), lax_taps(x, taps), rtol=1e-5, atol=1e-5)
+  cotangent = jax.random.normal(kc, (2, 6, 5, 16))
+  loss = lambda f: lambda x, t: (f(x, t) * cotangent).sum()
+  for g, w in zip(
+    jax.grad(loss(hybrid), (0, 1))(x, taps), jax.grad(loss(lax_taps), (0, 1))(x, taps)
+  ):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_convolutions_stay_matmuls():
+  """XLA:CPU convolves bf16 slowly: 16-bit inputs take the matmul path in both passes."""
+  k, positions = tap_positions(9, "official")
+  x = jnp.ones((2, 6, 6, 16), jnp.bfloat16)
+  taps = jnp.ones((9, 16, 16), jnp.bfloat16)
+  kernel = jnp.ones((3, 3, 16, 16), jnp.bfloat16)
+  for fn, args in (
+    (lambda x, t: conv.taps_conv_matmul_grad(x, t, positions, k), (x, taps)),
+    (lambda x, w: conv.conv_matmul_kernel_grad(x, w, (1, 1), "SAME"), (x, kernel)),
+  ):
+    grad = jax.grad(lambda *a, fn=fn: fn(*a).astype(jnp.float32).sum(), (0, 1))
+    assert "conv_general_dilated" not in _primitives(grad, *args)
 
 
 @pytest.mark.parametrize("heads", [6, 9])

@@ -116,7 +116,11 @@ def build(
     out_shardings=(state_sharding, replicated),
   )
   prepare = device_preprocess.make_prepare(config)
-  eval_step = jax.jit(evaluate.make_eval_step(models, prepare), out_shardings=replicated)
+  eval_step = jax.jit(
+    evaluate.make_eval_step(models, prepare),
+    out_shardings=replicated,
+    compiler_options=dict(models.kernels.inference_compiler_options) or None,
+  )
   return Trainer(
     config=config,
     mesh=mesh,

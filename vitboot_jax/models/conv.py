@@ -1,11 +1,13 @@
-"""2-D convolutions written as matmuls where XLA's own convolution is slow: on CPUs.
+"""2-D convolutions for CPUs: XLA's own convolution only where it is fast.
 
-XLA:CPU runs convolutions through Eigen at the float32 GEMM rate at best, its kernel-gradient
-convolution at a fraction of it, and it never uses the AMX/AVX512-BF16 matmul kernel (numbers:
-docs/results.md, "Throughput at 224 px"). Written as matmuls, forward and backward are GEMMs that
-`matmul.einsum` runs on
-that kernel under bf16. These are the `cpu` kernel set's (models/kernels.py); on GPUs and TPUs
-cuDNN and the TPU convolution unit beat anything built from matmuls, so the `xla` set uses lax's.
+XLA:CPU runs a float32 convolution's forward pass and its input gradient (itself a convolution)
+through Eigen well, but its kernel-gradient convolution at a fraction of the GEMM rate, and it
+never uses the AMX/AVX512-BF16 matmul kernel (numbers: docs/results.md, "Throughput at 224 px",
+and docs/performance.md). So float32 convolutions here run forward and input gradient as XLA
+convolutions and the kernel gradient as matmuls (`conv_matmul_kernel_grad`); 16-bit ones are
+matmuls throughout, which `matmul.einsum` runs on the bf16 kernel. These are the `cpu` kernel
+set's (models/kernels.py); on GPUs and TPUs cuDNN and the TPU convolution unit beat anything
+built from matmuls, so the `xla` set uses lax's.
 
 Three shapes of matmul, by what the convolution looks like:
 - non-overlapping patches (stride = kernel, no padding: the ViT patch embedding): a reshape;
@@ -17,7 +19,7 @@ Three shapes of matmul, by what the convolution looks like:
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +45,14 @@ def _tap(x: jax.Array, row: int, col: int, out_hw: tuple[int, int], strides) -> 
     (x.shape[0], row + sh * (ho - 1) + 1, col + sw * (wo - 1) + 1, x.shape[3]),
     (1, sh, sw, 1),
   )
+
+
+def assemble_kernel(taps: jax.Array, k: int, positions: Sequence[tuple[int, int]]) -> jax.Array:
+  """[H, D_in, D_out] tap matrices -> [k, k, D_in, D_out] HWIO kernel, zeros elsewhere."""
+  rows = jnp.array([r for r, _ in positions])
+  cols = jnp.array([c for _, c in positions])
+  kernel = jnp.zeros((k, k) + taps.shape[1:], taps.dtype)
+  return kernel.at[rows, cols].set(taps)
 
 
 def taps_conv(
@@ -98,47 +108,122 @@ def conv_as_matmuls(
 _NHWC = ("NHWC", "HWIO", "NHWC")
 
 
-def conv_general_dilated(
-  lhs,
-  rhs,
-  window_strides,
-  padding,
-  lhs_dilation=None,
-  rhs_dilation=None,
-  dimension_numbers=None,
-  feature_group_count=1,
-  precision=None,
-  **kw,
-):
-  """flax's `conv_general_dilated=` hook: matmuls for plain NHWC convolutions.
+def _xla_conv(x: jax.Array, kernel: jax.Array, strides, pads) -> jax.Array:
+  return jax.lax.conv_general_dilated(x, kernel, strides, pads, dimension_numbers=_NHWC)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _conv_matmul_weight_grad(x, weights, strides, pads, as_kernel, as_matmuls):
+  return _xla_conv(x, as_kernel(weights), strides, pads)
+
+
+def _conv_matmul_weight_grad_fwd(x, weights, strides, pads, as_kernel, as_matmuls):
+  return _conv_matmul_weight_grad(x, weights, strides, pads, as_kernel, as_matmuls), (x, weights)
+
+
+def _conv_matmul_weight_grad_bwd(strides, pads, as_kernel, as_matmuls, residuals, ct):
+  x, weights = residuals
+  kernel = as_kernel(weights)
+  _, x_grad = jax.vjp(lambda x: _xla_conv(x, kernel, strides, pads), x)
+  _, weights_grad = jax.vjp(lambda w: as_matmuls(x, w, strides, pads), weights)
+  return x_grad(ct)[0], weights_grad(ct)[0]
+
+
+_conv_matmul_weight_grad.defvjp(_conv_matmul_weight_grad_fwd, _conv_matmul_weight_grad_bwd)
+
+
+def _identity(kernel: jax.Array) -> jax.Array:
+  return kernel
+
+
+def conv_matmul_kernel_grad(
+  x: jax.Array, kernel: jax.Array, strides: Sequence[int] = (1, 1), padding="SAME"
+) -> jax.Array:
+  """NHWC x HWIO convolution: XLA's forward and input gradient, the kernel gradient as matmuls.
+
+  16-bit floats go through `conv_as_matmuls` entirely (XLA:CPU convolves them at a low rate).
+  """
+  strides = tuple(strides)
+  kh, kw = kernel.shape[:2]
+  pads = tuple(tuple(p) for p in _pads(padding, x.shape[1:3], (kh, kw), strides))
+  patches = strides == (kh, kw) and all(p == (0, 0) for p in pads)  # A reshape and one GEMM.
+  if patches or jnp.result_type(x, kernel) in matmul.HALF_FLOATS:
+    return conv_as_matmuls(x, kernel, strides, pads)
+  return _conv_matmul_weight_grad(x, kernel, strides, pads, _identity, conv_as_matmuls)
+
+
+def taps_conv_matmul_grad(
+  x: jax.Array,
+  taps: jax.Array,
+  positions: Sequence[tuple[int, int]],
+  window: int,
+  padding="SAME",
+) -> jax.Array:
+  """`taps_conv` (stride 1) as one XLA convolution over the assembled kernel; tap gradients as
+  one matmul per tap, so the taps a generalised convolution leaves out cost nothing there."""
+  positions = tuple(tuple(p) for p in positions)
+  pads = tuple(tuple(p) for p in _pads(padding, x.shape[1:3], (window, window), (1, 1)))
+  if jnp.result_type(x, taps) in matmul.HALF_FLOATS:
+    return taps_conv(x, taps, positions, window, padding=pads)
+  as_kernel = functools.partial(assemble_kernel, k=window, positions=positions)
+  as_matmuls = functools.partial(_taps_as_matmuls, positions=positions, window=window)
+  return _conv_matmul_weight_grad(x, taps, (1, 1), pads, as_kernel, as_matmuls)
+
+
+def _taps_as_matmuls(x, taps, strides, pads, *, positions, window):
+  return taps_conv(x, taps, positions, window, strides, pads)
+
+
+def conv_hook(plain_conv: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+  """A flax `conv_general_dilated=` hook that runs plain NHWC convolutions with `plain_conv`.
 
   Dilated, grouped or otherwise laid-out convolutions and explicit precisions go to
   lax.conv_general_dilated unchanged.
   """
-  plain = (
-    lhs.ndim == 4
-    and not any(d != 1 for d in (lhs_dilation or ()))
-    and not any(d != 1 for d in (rhs_dilation or ()))
-    and feature_group_count == 1
-    and precision is None
-    and not kw
-    and jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
-    == jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC)
-  )
-  if plain:
-    return conv_as_matmuls(lhs, rhs, window_strides, padding)
-  return jax.lax.conv_general_dilated(
+
+  def conv_general_dilated(
     lhs,
     rhs,
     window_strides,
     padding,
-    lhs_dilation=lhs_dilation,
-    rhs_dilation=rhs_dilation,
-    dimension_numbers=dimension_numbers,
-    feature_group_count=feature_group_count,
-    precision=precision,
+    lhs_dilation=None,
+    rhs_dilation=None,
+    dimension_numbers=None,
+    feature_group_count=1,
+    precision=None,
     **kw,
-  )
+  ):
+    plain = (
+      lhs.ndim == 4
+      and not any(d != 1 for d in (lhs_dilation or ()))
+      and not any(d != 1 for d in (rhs_dilation or ()))
+      and feature_group_count == 1
+      and precision is None
+      and not kw
+      and jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+      == jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC)
+    )
+    if plain:
+      return plain_conv(lhs, rhs, window_strides, padding)
+    return jax.lax.conv_general_dilated(
+      lhs,
+      rhs,
+      window_strides,
+      padding,
+      lhs_dilation=lhs_dilation,
+      rhs_dilation=rhs_dilation,
+      dimension_numbers=dimension_numbers,
+      feature_group_count=feature_group_count,
+      precision=precision,
+      **kw,
+    )
+
+  return conv_general_dilated
+
+
+conv_general_dilated = conv_hook(conv_matmul_kernel_grad)
+# Matmuls in both passes (the cpu set before XLA's forward convolution; kept for kernel A/Bs).
+conv_general_dilated_matmuls = conv_hook(conv_as_matmuls)
 
 
 def max_pool(x: jax.Array, window: int, stride: int, pad: int) -> jax.Array:

@@ -35,6 +35,8 @@ class Kernels:
   taps_conv(x, taps, positions, window, padding): the agent's generalised convolution, tap h
     ([C_in, C_out]) at positions[h] of a window x window kernel.
   max_pool(x, window, stride, pad), gelu(x) (exact), dropout(x, rate, key, rows, num_rows).
+  inference_compiler_options: XLA options for compiling the steps that only run the models
+    forward (evaluation), as (name, value) pairs.
   attention_chunk_bytes: > 0 runs training attention in rematerialised batch slices whose
     attention matrices take at most this many bytes (models/vit.py); 0 keeps one whole-batch op.
   batch_shards: how many devices the batch is split over, so slices stay aligned with them.
@@ -48,6 +50,7 @@ class Kernels:
   max_pool: Callable[..., jax.Array]
   gelu: Callable[[jax.Array], jax.Array]
   dropout: Callable[..., jax.Array]
+  inference_compiler_options: tuple[tuple[str, Any], ...] = ()
   attention_chunk_bytes: int = 0
   batch_shards: int = 1
 
@@ -75,19 +78,11 @@ def xla_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_eleme
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, **kw)
 
 
-def assemble_kernel(taps: jax.Array, k: int, positions: Sequence[tuple[int, int]]) -> jax.Array:
-  """[H, D_in, D_out] tap matrices -> [k, k, D_in, D_out] HWIO kernel, zeros elsewhere."""
-  rows = jnp.array([r for r, _ in positions])
-  cols = jnp.array([c for _, c in positions])
-  kernel = jnp.zeros((k, k) + taps.shape[1:], taps.dtype)
-  return kernel.at[rows, cols].set(taps)
-
-
 def xla_taps_conv(x, taps, positions, window: int, padding) -> jax.Array:
   """The generalised convolution as one real convolution over the assembled kernel."""
   return jax.lax.conv_general_dilated(
     x,
-    assemble_kernel(taps, window, positions),
+    conv.assemble_kernel(taps, window, positions),
     (1, 1),
     padding,
     dimension_numbers=("NHWC", "HWIO", "NHWC"),
@@ -95,7 +90,7 @@ def xla_taps_conv(x, taps, positions, window: int, padding) -> jax.Array:
 
 
 def cpu_taps_conv(x, taps, positions, window: int, padding) -> jax.Array:
-  return conv.taps_conv(x, taps, positions, window, padding=padding)
+  return conv.taps_conv_matmul_grad(x, taps, positions, window, padding=padding)
 
 
 def xla_max_pool(x: jax.Array, window: int, stride: int, pad: int) -> jax.Array:
@@ -153,6 +148,9 @@ CPU = Kernels(
   max_pool=conv.max_pool,
   gelu=common.gelu,
   dropout=common.dropout,
+  # XLA:CPU's YNNPACK fusions run the forward pass's batched attention products and the
+  # agent's convolution blocks slower than its other emitters (training steps: no difference).
+  inference_compiler_options=(("xla_cpu_experimental_ynn_fusion_type", ""),),
   attention_chunk_bytes=CPU_ATTENTION_CHUNK_BYTES,
 )
 

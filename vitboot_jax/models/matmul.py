@@ -16,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-_HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def _product(subscripts: str, a: jax.Array, b: jax.Array, out_dtype) -> jax.Array:
@@ -68,7 +68,7 @@ def einsum(subscripts: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.A
   """
   in_dtype = jnp.result_type(a, b)
   out_dtype = jnp.dtype(out_dtype or in_dtype)
-  if in_dtype not in _HALF_FLOATS or not _transposable(subscripts):
+  if in_dtype not in HALF_FLOATS or not _transposable(subscripts):
     return jnp.einsum(subscripts, a, b, preferred_element_type=out_dtype)
   return _half_einsum(subscripts.replace(" ", ""), a, b, out_dtype)
 

@@ -9,6 +9,8 @@ training attention in rematerialised batch slices against the whole-batch attent
 `erf_gelu`, GELU written with erf (models/common.py) against jax's erfc form (cpu set);
 `bf16_matmuls`, the cpu set with float32 operands of its einsums and Dense layers rounded to
 bfloat16 (float32 sums; models/matmul.py `bf16_einsum`) against the plain cpu set;
+`forward_convs`, the cpu set's convolutions (XLA's convolution forward and for the input
+gradient, matmuls for the kernel gradient) against matmuls in both passes;
 `xla_options`, the step compiled with the XLA options of `--xla_options name=value,...`
 against the default compilation (same kernels).
 
@@ -36,8 +38,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from vitboot_jax import sharding
+from vitboot_jax.models import conv, matmul
 from vitboot_jax.models import kernels as kernels_lib
-from vitboot_jax.models import matmul
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.kernels import Kernels
 from vitboot_jax.tools.perf import benchmark
@@ -60,6 +62,16 @@ SWITCHES: dict[str, tuple[Callable[[Kernels], Kernels], Callable[[Kernels], Kern
     _set("cpu"),
   ),
   "xla_options": (lambda resolved: resolved, lambda resolved: resolved),
+  "forward_convs": (
+    _set("cpu"),
+    _set(
+      "cpu",
+      conv_general_dilated=conv.conv_general_dilated_matmuls,
+      taps_conv=lambda x, taps, positions, window, padding: conv.taps_conv(
+        x, taps, positions, window, padding=padding
+      ),
+    ),
+  ),
 }
 
 
