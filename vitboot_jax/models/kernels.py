@@ -3,8 +3,9 @@
 `XLA`: plain lax / flax ops, what GPUs and TPUs run (cuDNN convolutions, the TPU matrix and
 convolution units, XLA's fused attention). 16-bit floats go through `dot_general` with
 float32 accumulation (`preferred_element_type`) and jax's own derivatives.
-`CPU`: the kernels that pay on XLA:CPU (models/matmul.py, models/conv.py, the erf GELU, hashed
-dropout masks, training attention in cache-sized slices).
+`CPU`: the kernels that pay on XLA:CPU (models/matmul.py, models/conv.py,
+models/softmax_attention.py, the erf GELU, hashed dropout masks, training attention in
+cache-sized slices).
 
 Models take the record as a field and never look at the backend; `for_devices` picks the set
 from the devices a step runs on (the mesh). MAC counts (models/costs.py) use `XLA`.
@@ -19,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from vitboot_jax.models import common, conv, matmul
+from vitboot_jax.models import common, conv, matmul, softmax_attention
 
 CHOICES = ("auto", "xla", "cpu")
 
@@ -35,6 +36,8 @@ class Kernels:
   taps_conv(x, taps, positions, window, padding): the agent's generalised convolution, tap h
     ([C_in, C_out]) at positions[h] of a window x window kernel.
   max_pool(x, window, stride, pad), gelu(x) (exact), dropout(x, rate, key, rows, num_rows).
+  softmax_attention(q, k, v): training attention without dropout on [B, heads, T, d], or None
+    for `models/vit.attend` (autodiff of softmax).
   inference_compiler_options: XLA options for compiling the steps that only run the models
     forward (evaluation), as (name, value) pairs.
   attention_chunk_bytes: > 0 runs training attention in rematerialised batch slices whose
@@ -50,6 +53,7 @@ class Kernels:
   max_pool: Callable[..., jax.Array]
   gelu: Callable[[jax.Array], jax.Array]
   dropout: Callable[..., jax.Array]
+  softmax_attention: Callable[..., jax.Array] | None = None
   inference_compiler_options: tuple[tuple[str, Any], ...] = ()
   attention_chunk_bytes: int = 0
   batch_shards: int = 1
@@ -148,6 +152,7 @@ CPU = Kernels(
   max_pool=conv.max_pool,
   gelu=common.gelu,
   dropout=common.dropout,
+  softmax_attention=softmax_attention.softmax_attention,
   # XLA:CPU's YNNPACK fusions run the forward pass's batched attention products and the
   # agent's convolution blocks slower than its other emitters (training steps: no difference).
   inference_compiler_options=(("xla_cpu_experimental_ynn_fusion_type", ""),),

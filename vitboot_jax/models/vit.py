@@ -160,13 +160,17 @@ class Attention(nn.Module):
       dtype=self.dtype,
       kernels=self.kernels,
     )
+    if train and self.attention == "softmax" and not use_dropout and self.kernels.softmax_attention:
+      fused = self.kernels.softmax_attention
+      core = lambda q, k, v, rows=None: (fused(q, k, v), None)
     b, _, tokens, _ = q.shape
     chunk = images_per_chunk(self.kernels, b, self.num_heads, tokens) if train else b
     if chunk < b:
       out = attend_in_chunks(core, q, k, v, chunk)
     else:
       out, probs = core(q, k, v)
-      drop(probs, deterministic=True)  # Exposes the probabilities to capture_intermediates.
+      if probs is not None:
+        drop(probs, deterministic=True)  # Exposes the probabilities to capture_intermediates.
     out = einops.rearrange(out, "b h n d -> b n (h d)")
     return nn.Dense(
       d,

@@ -9,6 +9,8 @@ training attention in rematerialised batch slices against the whole-batch attent
 `erf_gelu`, GELU written with erf (models/common.py) against jax's erfc form (cpu set);
 `bf16_matmuls`, the cpu set with float32 operands of its einsums and Dense layers rounded to
 bfloat16 (float32 sums; models/matmul.py `bf16_einsum`) against the plain cpu set;
+`softmax_backward`, the cpu set's training attention with its backward written out
+(models/softmax_attention.py) against autodiff of softmax;
 `forward_convs`, the cpu set's convolutions (XLA's convolution forward and for the input
 gradient, matmuls for the kernel gradient) against matmuls in both passes;
 `xla_options`, the step compiled with the XLA options of `--xla_options name=value,...`
@@ -62,6 +64,7 @@ SWITCHES: dict[str, tuple[Callable[[Kernels], Kernels], Callable[[Kernels], Kern
     _set("cpu"),
   ),
   "xla_options": (lambda resolved: resolved, lambda resolved: resolved),
+  "softmax_backward": (_set("cpu"), _set("cpu", softmax_attention=None)),
   "forward_convs": (
     _set("cpu"),
     _set(
