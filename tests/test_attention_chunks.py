@@ -1,4 +1,4 @@
-"""Chunked training attention on CPU: the same outputs, gradients and dropout masks as the plain."""
+"""Chunked attention on CPU: the same outputs, gradients, dropout masks and maps as the plain."""
 
 import dataclasses
 import functools
@@ -38,7 +38,7 @@ def test_chunks_give_the_plain_values_gradients_and_masks(attention, dtype, rtol
       dtype=dtype,
       kernels=kernels_lib.CPU,
     )
-    out = vit_lib.attend_in_chunks(core, q, k, v, chunk) if chunk else core(q, k, v)[0]
+    out = vit_lib.attend_in_chunks(core, q, k, v, chunk)[0] if chunk else core(q, k, v)[0]
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32))
 
   grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)), static_argnums=4)
@@ -67,7 +67,7 @@ def test_chunk_masks_are_the_whole_batch_masks():
     kernels=kernels_lib.CPU,
   )
   plain = np.asarray(core(q, k, v)[0])
-  chunked = np.asarray(vit_lib.attend_in_chunks(core, q, k, v, 2))
+  chunked = np.asarray(vit_lib.attend_in_chunks(core, q, k, v, 2)[0])
   np.testing.assert_allclose(chunked, plain, rtol=1e-5)
   assert np.abs(plain - 1).max() > 0.1  # The mask did something.
 
@@ -120,3 +120,26 @@ def test_vit_train_step_identical_with_and_without_chunks():
   jax.tree.map(
     lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), chunked_grads, plain_grads
   )
+
+
+def test_evaluation_runs_in_slices_and_still_exposes_the_probabilities():
+  """Eval attention runs in the same slices; outputs and captured maps equal the whole batch's."""
+  model = vit_lib.ViT(num_classes=5, patch_size=4, embed_dim=12, depth=2, num_heads=3, mlp_dim=24)
+  images = jax.random.normal(jax.random.key(4), (8, 16, 16, 3))
+  params = model.init(jax.random.key(0), images[:1])["params"]
+
+  def run(budget: int):
+    kernels = dataclasses.replace(kernels_lib.CPU, inference_attention_chunk_bytes=budget)
+    assert vit_lib.images_per_chunk(kernels, 8, 3, 17, train=False) == (2 if budget else 8)
+    return model.clone(kernels=kernels).apply(
+      {"params": params}, images, train=False, capture_intermediates=True, mutable=["intermediates"]
+    )
+
+  (logits, _), captured = run(2 * 3 * 17 * 17 * 4)
+  (want_logits, _), want_captured = run(0)
+  np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-6)
+  probs = jax.tree.leaves(captured)
+  want_probs = jax.tree.leaves(want_captured)
+  assert len(probs) == len(want_probs) > 0
+  for got, want in zip(probs, want_probs, strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

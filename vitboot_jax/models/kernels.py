@@ -4,8 +4,8 @@
 convolution units, XLA's fused attention). 16-bit floats go through `dot_general` with
 float32 accumulation (`preferred_element_type`) and jax's own derivatives.
 `CPU`: the kernels that pay on XLA:CPU (models/matmul.py, models/conv.py,
-models/softmax_attention.py, the erf GELU, hashed dropout masks, training attention in
-cache-sized slices).
+models/softmax_attention.py, the erf GELU, hashed dropout masks, attention in cache-sized
+batch slices).
 
 Models take the record as a field and never look at the backend; `for_devices` picks the set
 from the devices a step runs on (the mesh). MAC counts (models/costs.py) use `XLA`.
@@ -42,6 +42,7 @@ class Kernels:
     forward (evaluation), as (name, value) pairs.
   attention_chunk_bytes: > 0 runs training attention in rematerialised batch slices whose
     attention matrices take at most this many bytes (models/vit.py); 0 keeps one whole-batch op.
+  inference_attention_chunk_bytes: the same for evaluation (slices without rematerialisation).
   batch_shards: how many devices the batch is split over, so slices stay aligned with them.
   """
 
@@ -56,6 +57,7 @@ class Kernels:
   softmax_attention: Callable[..., jax.Array] | None = None
   inference_compiler_options: tuple[tuple[str, Any], ...] = ()
   attention_chunk_bytes: int = 0
+  inference_attention_chunk_bytes: int = 0
   batch_shards: int = 1
 
 
@@ -142,6 +144,8 @@ XLA = Kernels(
 # Training attention on CPU runs over slices of the batch whose attention matrices take at
 # most this many bytes each, so logits and probabilities stay in cache from forward to backward.
 CPU_ATTENTION_CHUNK_BYTES = 3 * 2**20
+# Evaluation keeps no backward: larger slices pay (docs/performance.md).
+CPU_INFERENCE_ATTENTION_CHUNK_BYTES = 24 * 2**20
 
 CPU = Kernels(
   name="cpu",
@@ -157,6 +161,7 @@ CPU = Kernels(
   # agent's convolution blocks slower than its other emitters (training steps: no difference).
   inference_compiler_options=(("xla_cpu_experimental_ynn_fusion_type", ""),),
   attention_chunk_bytes=CPU_ATTENTION_CHUNK_BYTES,
+  inference_attention_chunk_bytes=CPU_INFERENCE_ATTENTION_CHUNK_BYTES,
 )
 
 SETS = {"xla": XLA, "cpu": CPU}

@@ -24,19 +24,22 @@ from vitboot_jax.models.kernels import XLA, Kernels
 ATTENTIONS = ("softmax", "entmax")
 
 
-def images_per_chunk(kernels: Kernels, batch: int, heads: int, tokens: int, itemsize: int = 4):
-  """The largest slice of the batch whose [heads, T, T] attention fits the kernels' budget.
+def images_per_chunk(
+  kernels: Kernels, batch: int, heads: int, tokens: int, itemsize: int = 4, *, train: bool = True
+):
+  """The largest slice of the batch whose [heads, T, T] attention fits the kernels' budget
+  (training's or evaluation's).
 
   Returns `batch` (one slice) when the set does not chunk attention. The slice is a multiple
   of `kernels.batch_shards` when the batch is (data-parallel runs), so every slice has the same
   number of images on each device and the loop needs no communication.
   """
-  if not kernels.attention_chunk_bytes:
+  budget = kernels.attention_chunk_bytes if train else kernels.inference_attention_chunk_bytes
+  if not budget:
     return batch
   shards = kernels.batch_shards if batch % kernels.batch_shards == 0 else 1
   local = batch // shards
   per_image = heads * tokens * tokens * itemsize
-  budget = kernels.attention_chunk_bytes
   fits = [c for c in range(1, local + 1) if local % c == 0 and c * per_image <= budget]
   return max(fits, default=1) * shards
 
@@ -71,19 +74,27 @@ def attend(
   return kernels.einsum("bhqk,bhkd->bhqd", probs, v), probs
 
 
-def attend_in_chunks(core, q: jax.Array, k: jax.Array, v: jax.Array, chunk: int) -> jax.Array:
-  """`core(q, k, v, rows)[0]` over slices of `chunk` images, each rematerialised in backward.
+def attend_in_chunks(
+  core, q: jax.Array, k: jax.Array, v: jax.Array, chunk: int, *, train: bool = True
+) -> tuple[jax.Array, jax.Array | None]:
+  """`core(q, k, v, rows)` over slices of `chunk` images: (output, probabilities or None).
 
+  Training rematerialises each slice in backward and returns no probabilities; evaluation
+  returns them reassembled (unused, they cost nothing: the step drops them).
   Slice i holds images i, i + n, i + 2n, ... (n = B / chunk): strided, so with the batch
   sharded in contiguous blocks every device gets its share of every slice.
   """
   b = q.shape[0]
   n = b // chunk
   to_slices = lambda t: jnp.moveaxis(t.reshape(chunk, n, *t.shape[1:]), 1, 0)
+  from_slices = lambda t: jnp.moveaxis(t, 0, 1).reshape(b, *t.shape[2:])
   rows = jnp.arange(b, dtype=jnp.int32).reshape(chunk, n).T
-  body = jax.checkpoint(lambda args: core(*args)[0])
-  out = jax.lax.map(body, (to_slices(q), to_slices(k), to_slices(v), rows))
-  return jnp.moveaxis(out, 0, 1).reshape(b, *out.shape[2:])
+  slices = (to_slices(q), to_slices(k), to_slices(v), rows)
+  if train:
+    out = jax.lax.map(jax.checkpoint(lambda args: core(*args)[0]), slices)
+    return from_slices(out), None
+  out, probs = jax.lax.map(lambda args: core(*args), slices)
+  return from_slices(out), from_slices(probs)
 
 
 def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:
@@ -164,13 +175,13 @@ class Attention(nn.Module):
       fused = self.kernels.softmax_attention
       core = lambda q, k, v, rows=None: (fused(q, k, v), None)
     b, _, tokens, _ = q.shape
-    chunk = images_per_chunk(self.kernels, b, self.num_heads, tokens) if train else b
+    chunk = images_per_chunk(self.kernels, b, self.num_heads, tokens, train=train)
     if chunk < b:
-      out = attend_in_chunks(core, q, k, v, chunk)
+      out, probs = attend_in_chunks(core, q, k, v, chunk, train=train)
     else:
       out, probs = core(q, k, v)
-      if probs is not None:
-        drop(probs, deterministic=True)  # Exposes the probabilities to capture_intermediates.
+    if probs is not None:
+      drop(probs, deterministic=True)  # Exposes the probabilities to capture_intermediates.
     out = einops.rearrange(out, "b h n d -> b n (h d)")
     return nn.Dense(
       d,
