@@ -24,7 +24,7 @@ def check_accelerator_rows(rows, platforms=("cuda", "tpu")):
     assert row["kernels"] == "xla", name
     assert row["host_callbacks"] == 0, name
     assert row["dot_generals"] > 0 and row["flops"] > 0, name
-    # The agent's stem and CONV (and the ViT's patch embedding) are real convolutions.
+    # The agent's stem (and the ViT's patch embedding) are real convolutions.
     assert row["convolutions"] > 0, name
 
 
@@ -38,8 +38,10 @@ def test_tiny_config_lowers_for_accelerators_and_cpu():
   by_key = {(r["mode"], r["platform"], r["dtype"]): r for r in rows}
   depth = config.model.depth
   for mode in ("agent", "joint", "shared"):
-    # Forward stem (2 convs) + CONV per block in the train step, again in the eval step.
-    assert by_key[(mode, "cuda", "float32")]["convolutions"] >= 2 * (2 + depth)
+    # Forward stem (2 convs) + the standalone agent's CONV per block in the train step, again
+    # in the eval step (the shared agent's CONV is two matmuls around shifts).
+    per_forward = 2 + (0 if mode == "shared" else depth)
+    assert by_key[(mode, "cuda", "float32")]["convolutions"] >= 2 * per_forward
     # On CPU devices `auto` takes the cpu set: float32 convolutions forward and for input
     # gradients only (kernel gradients are matmuls), bf16 ones all matmuls.
     cpu = by_key[(mode, "cpu", "float32")]

@@ -4,10 +4,10 @@ CONV has one kernel tap per attention head: y_i = sum_h W_h x_{i + delta_h} + b.
 one real convolution over a k x k kernel assembled from the tap matrices (zeros at unused
 positions), never with the dense n x n selection matrices of the official code.
 
-In shared mode the agent owns only its stem, its BatchNorms and its head. Its CONV taps
-(W_V^h W_O^h, bias b_O) and its MLP are read from the ViT's parameter subtree, passed to
-`__call__` as `vit_params`: one parameter tree, no copy, no synchronisation step. What it reads
-there, and under which names, is models/sharing.py.
+In shared mode the agent owns only its stem, its BatchNorms and its head. Its CONV (taps
+W_V^h W_O^h, bias b_O; computed in factored form by `shared_conv`) and its MLP are read from the
+ViT's parameter subtree, passed to `__call__` as `vit_params`: one parameter tree, no copy, no
+synchronisation step. What it reads there, and under which names, is models/sharing.py.
 """
 
 from __future__ import annotations
@@ -73,6 +73,39 @@ def generalised_conv(
   pad = (k - 1) // 2
   y = kernels.taps_conv(x, taps.astype(x.dtype), positions, k, ((pad, pad), (pad, pad)))
   return y if bias is None else y + bias.astype(y.dtype)
+
+
+def shared_conv(
+  x: jax.Array,
+  w_v: jax.Array,
+  w_o: jax.Array,
+  bias: jax.Array,
+  *,
+  num_heads: int,
+  scheme: str = "official",
+  kernels: Kernels = XLA,
+) -> jax.Array:
+  """The shared agent's CONV, whose tap h is W_V^h W_O^h, in factored form.
+
+  The value heads x W_V, each shifted to its tap's position (zero padding), then the output
+  projection: the order of the official code's SharedConv (values, selection, W_O), and equal
+  to `generalised_conv` over the product taps with 2 D^2 instead of H D^2 multiplies per pixel.
+  """
+  k, positions = tap_positions(num_heads, scheme)
+  pad = (k - 1) // 2
+  _, height, width, d = x.shape
+  d_k = d // num_heads
+  values = kernels.einsum("...k,kn->...n", x, w_v.astype(x.dtype))
+  values = jnp.pad(values, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+  shifted = jnp.concatenate(
+    [
+      values[:, r : r + height, c : c + width, h * d_k : (h + 1) * d_k]
+      for h, (r, c) in enumerate(positions)
+    ],
+    axis=-1,
+  )
+  y = kernels.einsum("...k,kn->...n", shifted, w_o.astype(x.dtype))
+  return y + bias.astype(y.dtype)
 
 
 def shared_dense(x: jax.Array, dense: Mapping[str, jax.Array], kernels: Kernels = XLA) -> jax.Array:
@@ -223,14 +256,22 @@ class AgentBlock(nn.Module):
     else:
       attn, mlp = shared["attn"], shared["mlp"]
       qkv, out = attn[sharing.QKV], attn[sharing.OUT]
-      taps = sharing.shared_taps(qkv["kernel"], out["kernel"], self.num_taps)
-      # b_O only; b_V is not part of the CONV (docs/reference/official_pytorch_code.md §2.6).
-      conv_bias = out["bias"]
       fc1 = lambda y: shared_dense(y, mlp[sharing.MLP_IN], self.kernels)
       fc2 = lambda y: shared_dense(y, mlp[sharing.MLP_OUT], self.kernels)
 
     def conv(y):
-      return generalised_conv(y, taps, conv_bias, scheme=self.taps, kernels=self.kernels)
+      if shared is None:
+        return generalised_conv(y, taps, conv_bias, scheme=self.taps, kernels=self.kernels)
+      # b_O only; b_V is not part of the CONV (docs/reference/official_pytorch_code.md §2.6).
+      return shared_conv(
+        y,
+        sharing.value_kernel(qkv["kernel"]),
+        out["kernel"],
+        out["bias"],
+        num_heads=self.num_taps,
+        scheme=self.taps,
+        kernels=self.kernels,
+      )
 
     def mlp_branch(y):
       y = self.kernels.gelu(fc1(y))

@@ -39,9 +39,14 @@ def shared_block(vit_params: Mapping[str, Any], layer: int) -> Mapping[str, Any]
 def shared_taps(qkv_kernel: jax.Array, out_kernel: jax.Array, num_heads: int) -> jax.Array:
   """Tap h = (W_V^h W_O^h) in Flax [in, out] layout, from the ViT's live kernels: [H, D, D]."""
   d = out_kernel.shape[0]
-  w_v = qkv_kernel[:, 2 * d :].reshape(d, num_heads, d // num_heads)  # [in, head, d_k]
+  w_v = value_kernel(qkv_kernel).reshape(d, num_heads, d // num_heads)  # [in, head, d_k]
   w_o = out_kernel.reshape(num_heads, d // num_heads, d)  # [head, d_k, out]
   return jnp.einsum("ihk,hko->hio", w_v, w_o)
+
+
+def value_kernel(qkv_kernel: jax.Array) -> jax.Array:
+  """W_V, the V columns of the fused [Q | K | V] kernel: [D, D], head-major columns."""
+  return qkv_kernel[:, 2 * qkv_kernel.shape[0] :]
 
 
 def shared_mask(params: dict[str, Any]) -> dict[str, Any]:
