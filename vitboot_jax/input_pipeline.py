@@ -374,9 +374,10 @@ def _local_batch(global_batch: int, process_count: int, field: str) -> int:
   return global_batch // process_count
 
 
-def _options() -> tf.data.Options:
+def _options(*, autotune: bool = True) -> tf.data.Options:
   options = tf.data.Options()
   options.deterministic = True  # Parallel maps keep their input order.
+  options.autotune.enabled = autotune
   return options
 
 
@@ -533,7 +534,10 @@ def eval_dataset(
   else:  # More processes than examples: this one only pads.
     ds = padding_ds
   ds = ds.take(num_batches * local).batch(local, drop_remainder=True)
-  return ds.prefetch(_AUTOTUNE).with_options(_options())
+  # A new iterator per evaluation: with autotuning on, tearing each one down took 8-10 s on
+  # 2 cores (a quarter of a 32-px evaluation; docs/performance.md). Maps then run one thread
+  # per core.
+  return ds.prefetch(2).with_options(_options(autotune=False))
 
 
 def eval_batches(
