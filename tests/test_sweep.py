@@ -1,10 +1,14 @@
 """The sweep runner's paper tables: valid rows, the paper's numbers, runnable printed commands."""
 
 import json
+import os
 import pathlib
 import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -169,3 +173,46 @@ def test_markdown_flag_prints_the_paper_table():
 def test_paper_tables_take_no_epochs():
   with pytest.raises(ValueError, match="num_epochs"):
     sweep.settings(sweep.TABLES["cifar10"], epochs=3)
+
+
+_STOPPABLE_RUN = """
+import pathlib, signal, sys, time
+ready = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: (ready.with_suffix(".saved").touch(), sys.exit(143)))
+ready.touch()
+time.sleep(60)
+sys.exit(0)
+"""
+
+
+def test_a_signal_to_the_sweep_stops_the_run_through_its_save(tmp_path):
+  ready = tmp_path / "run.ready"
+
+  def interrupt_when_ready():
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+      time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C to the sweep.
+
+  threading.Thread(target=interrupt_when_ready, daemon=True).start()
+  start = time.monotonic()
+  code, received = sweep.run_training(["python", "-c", _STOPPABLE_RUN, str(ready)])
+  # The run got SIGTERM (its save path ran) rather than being killed or left running.
+  assert (code, received) == (143, signal.SIGINT)
+  assert ready.with_suffix(".saved").exists() and time.monotonic() - start < 30
+  assert signal.getsignal(signal.SIGINT) is not None  # The sweep's own handlers are back.
+
+
+def test_a_run_stopped_by_a_signal_stops_the_sweep(tmp_path, monkeypatch):
+  table = sweep.TABLES["replication"]
+  s = sweep.settings(table, root=tmp_path, seeds=(0, 1))
+  started = []
+
+  def stopped_run(table, s, row, seed):
+    started.append((row.name, seed))
+    return ["python", "-c", "import sys; sys.exit(143)"]
+
+  monkeypatch.setattr(sweep, "command", stopped_run)
+  with pytest.raises(sweep.Stopped, match="SIGTERM") as stop:
+    sweep.run_missing(table, s, table.rows[:2])
+  assert stop.value.exit_code == 143 and started == [("vit", 0)]

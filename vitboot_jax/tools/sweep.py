@@ -39,6 +39,11 @@ training wall time (sum over seeds of final.json's `train_seconds_this_run`: the
 with its compilation and evaluations; marked (*) when a seed resumed, as it then counts only
 the steps after the resume) and the commit; ROOT/curves.png gets the first seed's curves
 (tools/plot.py, needs matplotlib).
+
+SIGTERM or Ctrl-C to a running sweep reaches the run in progress as SIGTERM: it saves its
+checkpoint and exits, the sweep writes the table so far and exits with the run's code (143/130);
+re-running the same command resumes. A run stopped by a signal sent to it alone stops the sweep
+too, rather than counting as failed.
 """
 
 from __future__ import annotations
@@ -50,9 +55,11 @@ import math
 import os
 import pathlib
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -614,8 +621,49 @@ def print_commands(table: Table, s: Settings, selected: Sequence[Row]) -> None:
   print()
 
 
+class Stopped(Exception):  # noqa: N818 (not an error: a requested stop)
+  """A run stopped on SIGTERM/SIGINT after saving its checkpoint; the sweep stops with it."""
+
+  def __init__(self, workdir: str, exit_code: int):
+    self.workdir, self.exit_code = workdir, exit_code
+    super().__init__(
+      f"stopped ({signal.Signals(exit_code - 128).name}) with {workdir} saved; re-run the same "
+      "command to resume"
+    )
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def run_training(cmd: Sequence[str]) -> tuple[int, int | None]:
+  """Runs one training command from the repo root: (exit code, stop signal the sweep got).
+
+  SIGTERM or SIGINT to the sweep reaches the run as SIGTERM, so it saves and exits (a Ctrl-C in
+  a terminal reaches both; a second SIGTERM is harmless, a second SIGINT would skip the save).
+  """
+  process = subprocess.Popen([sys.executable, *cmd[1:]], cwd=REPO)
+  received: list[int] = []
+
+  def forward(signum: int, frame: Any) -> None:
+    del frame
+    received.append(signum)
+    if process.poll() is None:
+      process.send_signal(signal.SIGTERM)
+
+  in_main_thread = threading.current_thread() is threading.main_thread()
+  previous = {sig: signal.signal(sig, forward) for sig in _STOP_SIGNALS} if in_main_thread else {}
+  try:
+    return process.wait(), (received[0] if received else None)
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+
+
 def run_missing(table: Table, s: Settings, selected: Sequence[Row]) -> list[str]:
-  """Trains every (run, seed) without a final.json, seed by seed; returns the failed workdirs."""
+  """Trains every (run, seed) without a final.json, seed by seed; returns the failed workdirs.
+
+  Raises Stopped when a run stops on a signal (sent to the sweep or to the run itself).
+  """
   failed = []
   for seed in s.seeds:
     for row in runs(selected):
@@ -626,10 +674,12 @@ def run_missing(table: Table, s: Settings, selected: Sequence[Row]) -> list[str]
       cmd = command(table, s, row, seed)
       print(f"running: {shlex.join(cmd)}", flush=True)
       start = time.perf_counter()
-      result = subprocess.run([sys.executable, *cmd[1:]], cwd=REPO, check=False)
+      returncode, stop_signal = run_training(cmd)
       minutes = (time.perf_counter() - start) / 60
-      if result.returncode:
-        print(f"FAILED ({result.returncode}) after {minutes:.1f} min: {wd}", flush=True)
+      if stop_signal is not None or returncode in (128 + sig for sig in _STOP_SIGNALS):
+        raise Stopped(str(wd), returncode if returncode > 128 else 128 + (stop_signal or 15))
+      if returncode:
+        print(f"FAILED ({returncode}) after {minutes:.1f} min: {wd}", flush=True)
         failed.append(str(wd))
       else:
         print(f"finished in {minutes:.1f} min: {wd}", flush=True)
@@ -699,10 +749,13 @@ def main(argv):
     selected = select_rows(table, _FLAGS["rows"].value)
   except ValueError as error:
     raise app.UsageError(str(error)) from error
-  failed = []
+  failed, stopped = [], None
   if _FLAGS["run"].value:
     start = time.perf_counter()
-    failed = run_missing(table, s, selected)
+    try:
+      failed = run_missing(table, s, selected)
+    except Stopped as stop:
+      stopped = stop
     print(f"sweep: {(time.perf_counter() - start) / 60:.1f} min wall time", flush=True)
   else:
     print_commands(table, s, selected)
@@ -714,6 +767,9 @@ def main(argv):
     write_report(root, report)
     print(f"# Wrote {root / TABLE_MD} and {root / TABLE_JSON}")
   print(table_markdown(report))
+  if stopped is not None:
+    print(f"sweep: {stopped}", file=sys.stderr)
+    return stopped.exit_code
   if failed:
     print(f"{len(failed)} run(s) failed: {failed}", file=sys.stderr)
     return 1
