@@ -113,23 +113,51 @@ def _xla_conv(x: jax.Array, kernel: jax.Array, strides, pads) -> jax.Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _conv_matmul_weight_grad(x, weights, strides, pads, as_kernel, as_matmuls):
+def _conv_matmul_weight_grad(x, weights, strides, pads, as_kernel, weight_grad):
   return _xla_conv(x, as_kernel(weights), strides, pads)
 
 
-def _conv_matmul_weight_grad_fwd(x, weights, strides, pads, as_kernel, as_matmuls):
-  return _conv_matmul_weight_grad(x, weights, strides, pads, as_kernel, as_matmuls), (x, weights)
+def _conv_matmul_weight_grad_fwd(x, weights, strides, pads, as_kernel, weight_grad):
+  return _conv_matmul_weight_grad(x, weights, strides, pads, as_kernel, weight_grad), (x, weights)
 
 
-def _conv_matmul_weight_grad_bwd(strides, pads, as_kernel, as_matmuls, residuals, ct):
+def _conv_matmul_weight_grad_bwd(strides, pads, as_kernel, weight_grad, residuals, ct):
   x, weights = residuals
   kernel = as_kernel(weights)
   _, x_grad = jax.vjp(lambda x: _xla_conv(x, kernel, strides, pads), x)
-  _, weights_grad = jax.vjp(lambda w: as_matmuls(x, w, strides, pads), weights)
-  return x_grad(ct)[0], weights_grad(ct)[0]
+  return x_grad(ct)[0], weight_grad(x, weights, ct, strides, pads)
 
 
 _conv_matmul_weight_grad.defvjp(_conv_matmul_weight_grad_fwd, _conv_matmul_weight_grad_bwd)
+
+
+def _matmuls_weight_grad(x, kernel, ct, strides, pads):
+  """The kernel gradient of `conv_as_matmuls`, by autodiff of its matmuls."""
+  return jax.vjp(lambda w: conv_as_matmuls(x, w, strides, pads), kernel)[1](ct)[0]
+
+
+def _taps_weight_grad(x, taps, ct, strides, pads, *, positions):
+  """Tap gradients of a stride-1 `taps_conv`, one matmul per tap without copying its window.
+
+  With the padded input and the cotangent (zero-padded to the same grid) flattened to
+  [pixels, C], tap (r, c)'s window is the row range shifted by r * W_pad + c: a contiguous
+  slice, where the per-tap view of the 4-D input was a strided copy. Rows that wrap into the
+  next image row or image meet zeros of the cotangent.
+  """
+  del strides
+  (top, bottom), (left, right) = pads
+  x = jnp.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
+  b, hp, wp, c_in = x.shape
+  _, ho, wo, c_out = ct.shape
+  ct = jnp.pad(ct, ((0, 0), (0, hp - ho), (0, wp - wo), (0, 0))).reshape(b * hp * wp, c_out)
+  x = x.reshape(b * hp * wp, c_in)
+  last = max(r * wp + c for r, c in positions)
+  rows = b * hp * wp - last
+  grads = [
+    matmul.einsum("mc,md->cd", jax.lax.slice_in_dim(x, r * wp + c, r * wp + c + rows), ct[:rows])
+    for r, c in positions
+  ]
+  return jnp.stack(grads).astype(taps.dtype)
 
 
 def _identity(kernel: jax.Array) -> jax.Array:
@@ -149,7 +177,7 @@ def conv_matmul_kernel_grad(
   patches = strides == (kh, kw) and all(p == (0, 0) for p in pads)  # A reshape and one GEMM.
   if patches or jnp.result_type(x, kernel) in matmul.HALF_FLOATS:
     return conv_as_matmuls(x, kernel, strides, pads)
-  return _conv_matmul_weight_grad(x, kernel, strides, pads, _identity, conv_as_matmuls)
+  return _conv_matmul_weight_grad(x, kernel, strides, pads, _identity, _matmuls_weight_grad)
 
 
 def taps_conv_matmul_grad(
@@ -160,18 +188,15 @@ def taps_conv_matmul_grad(
   padding="SAME",
 ) -> jax.Array:
   """`taps_conv` (stride 1) as one XLA convolution over the assembled kernel; tap gradients as
-  one matmul per tap, so the taps a generalised convolution leaves out cost nothing there."""
+  one matmul per tap (`_taps_weight_grad`), so the taps a generalised convolution leaves out
+  cost nothing there."""
   positions = tuple(tuple(p) for p in positions)
   pads = tuple(tuple(p) for p in _pads(padding, x.shape[1:3], (window, window), (1, 1)))
   if jnp.result_type(x, taps) in matmul.HALF_FLOATS:
     return taps_conv(x, taps, positions, window, padding=pads)
   as_kernel = functools.partial(assemble_kernel, k=window, positions=positions)
-  as_matmuls = functools.partial(_taps_as_matmuls, positions=positions, window=window)
-  return _conv_matmul_weight_grad(x, taps, (1, 1), pads, as_kernel, as_matmuls)
-
-
-def _taps_as_matmuls(x, taps, strides, pads, *, positions, window):
-  return taps_conv(x, taps, positions, window, strides, pads)
+  weight_grad = functools.partial(_taps_weight_grad, positions=positions)
+  return _conv_matmul_weight_grad(x, taps, (1, 1), pads, as_kernel, weight_grad)
 
 
 def conv_hook(plain_conv: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
