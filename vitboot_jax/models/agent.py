@@ -236,6 +236,7 @@ class AgentBlock(nn.Module):
       # Conv_SL (3x3 conv) and Conv_ManyHead ([D, D, H]) initialisers.
       taps = self.param("conv_taps", common.xavier_uniform, (self.num_taps, d, d))
       conv_bias = self.param("conv_bias", common.zeros, (d,))
+      conv = lambda y: generalised_conv(y, taps, conv_bias, scheme=self.taps, kernels=self.kernels)
       inits = _inits(self.init_scheme)
       fc1 = nn.Dense(
         self.mlp_dim,
@@ -256,14 +257,8 @@ class AgentBlock(nn.Module):
     else:
       attn, mlp = shared["attn"], shared["mlp"]
       qkv, out = attn[sharing.QKV], attn[sharing.OUT]
-      fc1 = lambda y: shared_dense(y, mlp[sharing.MLP_IN], self.kernels)
-      fc2 = lambda y: shared_dense(y, mlp[sharing.MLP_OUT], self.kernels)
-
-    def conv(y):
-      if shared is None:
-        return generalised_conv(y, taps, conv_bias, scheme=self.taps, kernels=self.kernels)
       # b_O only; b_V is not part of the CONV (docs/reference/official_pytorch_code.md §2.6).
-      return shared_conv(
+      conv = lambda y: shared_conv(
         y,
         sharing.value_kernel(qkv["kernel"]),
         out["kernel"],
@@ -272,6 +267,8 @@ class AgentBlock(nn.Module):
         scheme=self.taps,
         kernels=self.kernels,
       )
+      fc1 = lambda y: shared_dense(y, mlp[sharing.MLP_IN], self.kernels)
+      fc2 = lambda y: shared_dense(y, mlp[sharing.MLP_OUT], self.kernels)
 
     def mlp_branch(y):
       y = self.kernels.gelu(fc1(y))

@@ -1,8 +1,9 @@
 """The sharing contract of mode "shared": which ViT entries the agent reads, and how.
 
 Agent block l reads the ViT's block l (`vit_params[block_name(l)]`): its CONV tap h is
-W_V^h W_O^h, built from the V columns of `attn/qkv/kernel` and from `attn/out/kernel`
-(`shared_taps`), its CONV bias is `attn/out/bias`, and its MLP is `mlp/fc1` and `mlp/fc2`.
+W_V^h W_O^h, from the V columns of `attn/qkv/kernel` (`value_kernel`) and `attn/out/kernel`
+(the agent applies the two in turn, models/agent.shared_conv; `shared_taps` forms the
+products), its CONV bias is `attn/out/bias`, and its MLP is `mlp/fc1` and `mlp/fc2`.
 `shared_mask` marks exactly those entries; the train step aligns the two models' gradients on
 them (align.combine). The names below are the ViT's (models/vit.py); a rename there must be made
 here, and tests/test_models.py checks that the mask and what the agent reads agree.

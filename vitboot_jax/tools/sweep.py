@@ -677,7 +677,7 @@ def run_missing(table: Table, s: Settings, selected: Sequence[Row]) -> list[str]
       returncode, stop_signal = run_training(cmd)
       minutes = (time.perf_counter() - start) / 60
       if stop_signal is not None or returncode in (128 + sig for sig in _STOP_SIGNALS):
-        raise Stopped(str(wd), returncode if returncode > 128 else 128 + (stop_signal or 15))
+        raise Stopped(str(wd), returncode if returncode > 128 else 128 + stop_signal)
       if returncode:
         print(f"FAILED ({returncode}) after {minutes:.1f} min: {wd}", flush=True)
         failed.append(str(wd))
