@@ -179,3 +179,83 @@ def test_max_pool_equals_flax_max_pool_values_and_gradients():
     grad(lambda x: nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))),
     rtol=1e-6,
   )
+
+
+def _slices_of(images: int, x_shape, shards: int = 1) -> conv.BatchSlices:
+  """Slices of `images` images (per device) for a float32 batch of `x_shape`."""
+  return conv.BatchSlices(images * int(np.prod(x_shape[1:])) * 4, shards)
+
+
+def test_batch_slices_keep_small_batches_whole_and_align_with_devices():
+  x = jnp.zeros((64, 32, 32, 144))  # 590 KB per image, 37.7 MB in all.
+  assert conv.NO_SLICES.images(x) == 64
+  assert conv.BatchSlices(16 * 2**20).images(x) == 64  # Within 4 slices' bytes: stays whole.
+  assert conv.BatchSlices(8 * 2**20).images(x) == 8
+  assert conv.BatchSlices(8 * 2**20, shards=8).images(x) == 64  # 8 per device: fits.
+  assert _slices_of(2, x.shape, shards=8).images(x) == 16  # 2 per device on each of 8.
+  assert _slices_of(3, (60, 4, 4, 1)).images(jnp.zeros((60, 4, 4, 1))) == 3
+
+
+@pytest.mark.parametrize(
+  "kernel_shape, strides, padding, loops",
+  [
+    ((3, 3, 8, 12), (1, 1), "SAME", 2),
+    ((3, 3, 8, 12), (1, 1), "VALID", 2),
+    ((3, 3, 8, 12), (1, 1), ((2, 0), (0, 1)), 2),
+    ((5, 5, 8, 8), (1, 1), "SAME", 2),
+    ((3, 1, 8, 12), (1, 1), ((1, 1), (0, 0)), 2),
+    ((3, 3, 8, 12), (1, 1), ((3, 1), (1, 1)), 1),  # A pad beyond k - 1: XLA's own transpose.
+    ((3, 3, 8, 12), (2, 2), ((1, 1), (1, 1)), 0),  # Strided: whole batch, XLA's own transpose.
+  ],
+)
+def test_sliced_convolution_equals_lax_conv(kernel_shape, strides, padding, loops):
+  kx, kk, kc = jax.random.split(jax.random.key(12), 3)
+  x = jax.random.normal(kx, (12, 7, 6, 8))
+  kernel = jax.random.normal(kk, kernel_shape) / np.sqrt(np.prod(kernel_shape[:3]))
+  slices = _slices_of(2, x.shape)
+  sliced = lambda x, k, s, p: conv.conv_matmul_kernel_grad(x, k, s, p, slices=slices)
+  want = _lax(x, kernel, strides, padding)
+  np.testing.assert_allclose(sliced(x, kernel, strides, padding), want, rtol=1e-5, atol=1e-5)
+  cotangent = jax.random.normal(kc, want.shape)
+  loss = lambda f: lambda x, k: (f(x, k, strides, padding) * cotangent).sum()
+  got_grads = jax.grad(loss(sliced), (0, 1))(x, kernel)
+  for g, w in zip(got_grads, jax.grad(loss(_lax), (0, 1))(x, kernel)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+  # Stride 1: the forward and (pads within k - 1) input-gradient convolutions run in slices.
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss(sliced), (0, 1)))(x, kernel))
+  assert jaxpr.count("scan[") == loops
+
+
+@pytest.mark.parametrize("heads", [6, 9])
+def test_sliced_taps_conv_equals_lax_conv_on_a_sharded_batch(heads):
+  """Slices aligned with 8 devices (the batch sharded over them) give the plain values/grads."""
+  k, positions = tap_positions(heads, "official")
+  kx, kt, kc = jax.random.split(jax.random.key(13), 3)
+  x = jax.random.normal(kx, (32, 6, 5, 16))
+  taps = jax.random.normal(kt, (heads, 16, 16)) / 12
+  cotangent = jax.random.normal(kc, x.shape)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+  batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  x, cotangent = jax.device_put((x, cotangent), batch)
+  slices = _slices_of(1, x.shape, shards=len(jax.devices()))
+  assert slices.images(x) == len(jax.devices())
+  lax_taps = lambda x, t: _lax(x, assemble_kernel(t, k, positions), (1, 1), "SAME")
+  sliced = lambda x, t: conv.taps_conv_matmul_grad(x, t, positions, k, slices=slices)
+  loss = lambda f: jax.jit(jax.value_and_grad(lambda x, t: (f(x, t) * cotangent).sum(), (0, 1)))
+  (got, got_grads), (want, want_grads) = loss(sliced)(x, taps), loss(lax_taps)(x, taps)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_set_slices_its_convolutions_for_the_devices():
+  cpu = kernels.for_platform("cpu", "cpu", batch_shards=8)
+  want = conv.BatchSlices(kernels.CPU_CONV_SLICE_BYTES, shards=8)
+  assert cpu.taps_conv.keywords["slices"] == want
+  kernel = jax.ShapeDtypeStruct((3, 3, 144, 144), jnp.float32)
+  # 32x32x144 activations, 590 KB per image: 64 images per device leave the cache.
+  for conv_fn, batch in ((cpu.conv_general_dilated, 512), (kernels.CPU.conv_general_dilated, 64)):
+    x = jax.ShapeDtypeStruct((batch, 32, 32, 144), jnp.float32)
+    fn = lambda x, w, conv_fn=conv_fn: conv_fn(x, w, (1, 1), "SAME", dimension_numbers=NHWC)
+    assert "scan[" in str(jax.make_jaxpr(fn)(x, kernel))
+  assert kernels.for_platform("xla", "cpu").conv_general_dilated is jax.lax.conv_general_dilated

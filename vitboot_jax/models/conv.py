@@ -14,20 +14,51 @@ Three shapes of matmul, by what the convolution looks like:
 - few input channels (the stems): im2col, one matmul with K = k*k*C_in;
 - otherwise (the agent's CONV): one matmul per tap on a shifted view, summed in float32, so
   the taps a generalised convolution does not use (6 heads in a 3x3 window) cost nothing.
+
+A batch too large for the cache (the agent's first block at 32x32x144: 38 MB) runs XLA's
+stride-1 convolutions in batch slices (`BatchSlices`), the input gradient included.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from vitboot_jax.models import matmul
+from vitboot_jax.models import common, matmul
 
 # Below this many input channels a per-tap matmul is too thin for a GEMM: use im2col instead.
 _IM2COL_MAX_CHANNELS = 64
+# A batch input up to this many slices' bytes stays whole: slicing it measured no faster.
+_WHOLE_BATCH_SLICES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSlices:
+  """How float32 XLA convolutions split the batch (the `cpu` set's `conv_slice_bytes`).
+
+  An input batch larger than `_WHOLE_BATCH_SLICES` x `max_bytes` runs in slices of at most
+  `max_bytes` per device, strided and aligned with `shards` devices as attention's slices are
+  (models/common.images_per_slice); 0 never slices.
+  """
+
+  max_bytes: int = 0
+  shards: int = 1
+
+  def images(self, x: jax.Array) -> int:
+    """Images per slice of `x` ([B, ...]); B when it stays whole."""
+    batch = x.shape[0]
+    per_image = math.prod(x.shape[1:]) * jnp.dtype(x.dtype).itemsize
+    if not self.max_bytes or batch * per_image <= _WHOLE_BATCH_SLICES * self.max_bytes:
+      return batch
+    return common.images_per_slice(batch, per_image, self.max_bytes, self.shards)
+
+
+NO_SLICES = BatchSlices()
 
 
 def _pads(padding, spatial: Sequence[int], window: Sequence[int], strides: Sequence[int]):
@@ -112,20 +143,45 @@ def _xla_conv(x: jax.Array, kernel: jax.Array, strides, pads) -> jax.Array:
   return jax.lax.conv_general_dilated(x, kernel, strides, pads, dimension_numbers=_NHWC)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _conv_matmul_weight_grad(x, weights, strides, pads, as_kernel, weight_grad):
-  return _xla_conv(x, as_kernel(weights), strides, pads)
+def _sliced_conv(x: jax.Array, kernel: jax.Array, strides, pads, slices: BatchSlices):
+  """`_xla_conv`, stride 1 in batch slices when `slices` says so."""
+  images = slices.images(x)
+  if tuple(strides) != (1, 1) or images == x.shape[0]:
+    return _xla_conv(x, kernel, strides, pads)
+  out = jax.lax.map(
+    lambda part: _xla_conv(part, kernel, strides, pads), common.batch_slices(x, images)
+  )
+  return common.merge_batch_slices(out)
 
 
-def _conv_matmul_weight_grad_fwd(x, weights, strides, pads, as_kernel, weight_grad):
-  return _conv_matmul_weight_grad(x, weights, strides, pads, as_kernel, weight_grad), (x, weights)
+def _input_grad(x, kernel, ct, strides, pads, slices: BatchSlices) -> jax.Array:
+  """The input gradient of `_xla_conv`.
+
+  Stride 1: the cotangent convolved with the flipped kernel, in/out swapped, padded k-1-pad, in
+  slices like the forward pass (XLA's own transpose inside a slice loop ran at a fifth of the
+  rate). Other strides: XLA's transpose of the whole-batch convolution.
+  """
+  back_pads = tuple((k - 1 - lo, k - 1 - hi) for k, (lo, hi) in zip(kernel.shape[:2], pads))
+  if tuple(strides) == (1, 1) and min(min(p) for p in back_pads) >= 0:
+    flipped = jnp.flip(kernel, (0, 1)).swapaxes(2, 3)
+    return _sliced_conv(ct, flipped, (1, 1), back_pads, slices)
+  return jax.vjp(lambda x: _xla_conv(x, kernel, strides, pads), x)[1](ct)[0]
 
 
-def _conv_matmul_weight_grad_bwd(strides, pads, as_kernel, weight_grad, residuals, ct):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
+def _conv_matmul_weight_grad(x, weights, strides, pads, as_kernel, weight_grad, slices):
+  return _sliced_conv(x, as_kernel(weights), strides, pads, slices)
+
+
+def _conv_matmul_weight_grad_fwd(x, weights, strides, pads, as_kernel, weight_grad, slices):
+  out = _conv_matmul_weight_grad(x, weights, strides, pads, as_kernel, weight_grad, slices)
+  return out, (x, weights)
+
+
+def _conv_matmul_weight_grad_bwd(strides, pads, as_kernel, weight_grad, slices, residuals, ct):
   x, weights = residuals
-  kernel = as_kernel(weights)
-  _, x_grad = jax.vjp(lambda x: _xla_conv(x, kernel, strides, pads), x)
-  return x_grad(ct)[0], weight_grad(x, weights, ct, strides, pads)
+  x_grad = _input_grad(x, as_kernel(weights), ct, strides, pads, slices)
+  return x_grad, weight_grad(x, weights, ct, strides, pads)
 
 
 _conv_matmul_weight_grad.defvjp(_conv_matmul_weight_grad_fwd, _conv_matmul_weight_grad_bwd)
@@ -165,9 +221,14 @@ def _identity(kernel: jax.Array) -> jax.Array:
 
 
 def conv_matmul_kernel_grad(
-  x: jax.Array, kernel: jax.Array, strides: Sequence[int] = (1, 1), padding="SAME"
+  x: jax.Array,
+  kernel: jax.Array,
+  strides: Sequence[int] = (1, 1),
+  padding="SAME",
+  slices: BatchSlices = NO_SLICES,
 ) -> jax.Array:
-  """NHWC x HWIO convolution: XLA's forward and input gradient, the kernel gradient as matmuls.
+  """NHWC x HWIO convolution: XLA's forward and input gradient (in batch `slices`), the kernel
+  gradient as matmuls.
 
   16-bit floats go through `conv_as_matmuls` entirely (XLA:CPU convolves them at a low rate).
   """
@@ -177,7 +238,7 @@ def conv_matmul_kernel_grad(
   patches = strides == (kh, kw) and all(p == (0, 0) for p in pads)  # A reshape and one GEMM.
   if patches or jnp.result_type(x, kernel) in matmul.HALF_FLOATS:
     return conv_as_matmuls(x, kernel, strides, pads)
-  return _conv_matmul_weight_grad(x, kernel, strides, pads, _identity, _matmuls_weight_grad)
+  return _conv_matmul_weight_grad(x, kernel, strides, pads, _identity, _matmuls_weight_grad, slices)
 
 
 def taps_conv_matmul_grad(
@@ -186,17 +247,18 @@ def taps_conv_matmul_grad(
   positions: Sequence[tuple[int, int]],
   window: int,
   padding="SAME",
+  slices: BatchSlices = NO_SLICES,
 ) -> jax.Array:
-  """`taps_conv` (stride 1) as one XLA convolution over the assembled kernel; tap gradients as
-  one matmul per tap (`_taps_weight_grad`), so the taps a generalised convolution leaves out
-  cost nothing there."""
+  """`taps_conv` (stride 1) as one XLA convolution over the assembled kernel (in batch
+  `slices`); tap gradients as one matmul per tap (`_taps_weight_grad`), so the taps a
+  generalised convolution leaves out cost nothing there."""
   positions = tuple(tuple(p) for p in positions)
   pads = tuple(tuple(p) for p in _pads(padding, x.shape[1:3], (window, window), (1, 1)))
   if jnp.result_type(x, taps) in matmul.HALF_FLOATS:
     return taps_conv(x, taps, positions, window, padding=pads)
   as_kernel = functools.partial(assemble_kernel, k=window, positions=positions)
   weight_grad = functools.partial(_taps_weight_grad, positions=positions)
-  return _conv_matmul_weight_grad(x, taps, (1, 1), pads, as_kernel, weight_grad)
+  return _conv_matmul_weight_grad(x, taps, (1, 1), pads, as_kernel, weight_grad, slices)
 
 
 def conv_hook(plain_conv: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
@@ -247,6 +309,13 @@ def conv_hook(plain_conv: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
 
 
 conv_general_dilated = conv_hook(conv_matmul_kernel_grad)
+
+
+def sliced_conv_hook(slices: BatchSlices) -> Callable[..., jax.Array]:
+  """`conv_general_dilated` with its XLA convolutions in batch `slices`."""
+  return conv_hook(functools.partial(conv_matmul_kernel_grad, slices=slices))
+
+
 # Matmuls in both passes (the cpu set before XLA's forward convolution; kept for kernel A/Bs).
 conv_general_dilated_matmuls = conv_hook(conv_as_matmuls)
 

@@ -14,6 +14,7 @@ from the devices a step runs on (the mesh). MAC counts (models/costs.py) use `XL
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +44,9 @@ class Kernels:
   attention_chunk_bytes: > 0 runs training attention in rematerialised batch slices whose
     attention matrices take at most this many bytes (models/vit.py); 0 keeps one whole-batch op.
   inference_attention_chunk_bytes: the same for evaluation (slices without rematerialisation).
+  conv_slice_bytes: > 0 runs float32 stride-1 convolutions whose batch input is too large for
+    the cache in batch slices of at most this many bytes (models/conv.BatchSlices); the set's
+    conv fields are built for it by `for_platform`.
   batch_shards: how many devices the batch is split over, so slices stay aligned with them.
   """
 
@@ -58,6 +62,7 @@ class Kernels:
   inference_compiler_options: tuple[tuple[str, Any], ...] = ()
   attention_chunk_bytes: int = 0
   inference_attention_chunk_bytes: int = 0
+  conv_slice_bytes: int = 0
   batch_shards: int = 1
 
 
@@ -95,8 +100,19 @@ def xla_taps_conv(x, taps, positions, window: int, padding) -> jax.Array:
   )
 
 
-def cpu_taps_conv(x, taps, positions, window: int, padding) -> jax.Array:
-  return conv.taps_conv_matmul_grad(x, taps, positions, window, padding=padding)
+def cpu_taps_conv(
+  x, taps, positions, window: int, padding, slices: conv.BatchSlices = conv.NO_SLICES
+) -> jax.Array:
+  return conv.taps_conv_matmul_grad(x, taps, positions, window, padding=padding, slices=slices)
+
+
+def _cpu_convs(slice_bytes: int, batch_shards: int) -> dict[str, Callable[..., jax.Array]]:
+  """The cpu set's two convolution fields, slicing batches for `batch_shards` devices."""
+  slices = conv.BatchSlices(slice_bytes, batch_shards)
+  return dict(
+    conv_general_dilated=conv.sliced_conv_hook(slices),
+    taps_conv=functools.partial(cpu_taps_conv, slices=slices),
+  )
 
 
 def xla_max_pool(x: jax.Array, window: int, stride: int, pad: int) -> jax.Array:
@@ -146,13 +162,14 @@ XLA = Kernels(
 CPU_ATTENTION_CHUNK_BYTES = 3 * 2**20
 # Evaluation keeps no backward: larger slices pay (docs/performance.md).
 CPU_INFERENCE_ATTENTION_CHUNK_BYTES = 24 * 2**20
+# XLA:CPU's convolutions slow down once a batch's activations leave the cache.
+CPU_CONV_SLICE_BYTES = 8 * 2**20
 
 CPU = Kernels(
   name="cpu",
   einsum=matmul.einsum,
   dot_general=matmul.dot_general,
-  conv_general_dilated=conv.conv_general_dilated,
-  taps_conv=cpu_taps_conv,
+  **_cpu_convs(CPU_CONV_SLICE_BYTES, batch_shards=1),
   max_pool=conv.max_pool,
   gelu=common.gelu,
   dropout=common.dropout,
@@ -162,6 +179,7 @@ CPU = Kernels(
   inference_compiler_options=(("xla_cpu_experimental_ynn_fusion_type", ""),),
   attention_chunk_bytes=CPU_ATTENTION_CHUNK_BYTES,
   inference_attention_chunk_bytes=CPU_INFERENCE_ATTENTION_CHUNK_BYTES,
+  conv_slice_bytes=CPU_CONV_SLICE_BYTES,
 )
 
 SETS = {"xla": XLA, "cpu": CPU}
@@ -188,4 +206,6 @@ def for_devices(choice: str, devices: Sequence[Any]) -> Kernels:
 def for_platform(choice: str, platform: str, batch_shards: int = 1) -> Kernels:
   """The kernel set `choice` for `platform` ("cpu", "cuda", "rocm", "tpu", "gpu")."""
   kernels = SETS[resolve(choice, platform)]
-  return dataclasses.replace(kernels, batch_shards=max(1, batch_shards))
+  shards = max(1, batch_shards)
+  convs = _cpu_convs(kernels.conv_slice_bytes, shards) if kernels.conv_slice_bytes else {}
+  return dataclasses.replace(kernels, batch_shards=shards, **convs)

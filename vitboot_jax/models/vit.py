@@ -37,11 +37,8 @@ def images_per_chunk(
   budget = kernels.attention_chunk_bytes if train else kernels.inference_attention_chunk_bytes
   if not budget:
     return batch
-  shards = kernels.batch_shards if batch % kernels.batch_shards == 0 else 1
-  local = batch // shards
   per_image = heads * tokens * tokens * itemsize
-  fits = [c for c in range(1, local + 1) if local % c == 0 and c * per_image <= budget]
-  return max(fits, default=1) * shards
+  return common.images_per_slice(batch, per_image, budget, kernels.batch_shards)
 
 
 def attend(
@@ -81,20 +78,16 @@ def attend_in_chunks(
 
   Training rematerialises each slice in backward and returns no probabilities; evaluation
   returns them reassembled (unused, they cost nothing: the step drops them).
-  Slice i holds images i, i + n, i + 2n, ... (n = B / chunk): strided, so with the batch
-  sharded in contiguous blocks every device gets its share of every slice.
+  Slices are strided (common.batch_slices), so every device holds its share of each.
   """
   b = q.shape[0]
-  n = b // chunk
-  to_slices = lambda t: jnp.moveaxis(t.reshape(chunk, n, *t.shape[1:]), 1, 0)
-  from_slices = lambda t: jnp.moveaxis(t, 0, 1).reshape(b, *t.shape[2:])
-  rows = jnp.arange(b, dtype=jnp.int32).reshape(chunk, n).T
-  slices = (to_slices(q), to_slices(k), to_slices(v), rows)
+  rows = common.batch_slices(jnp.arange(b, dtype=jnp.int32), chunk)
+  slices = (*(common.batch_slices(t, chunk) for t in (q, k, v)), rows)
   if train:
     out = jax.lax.map(jax.checkpoint(lambda args: core(*args)[0]), slices)
-    return from_slices(out), None
+    return common.merge_batch_slices(out), None
   out, probs = jax.lax.map(lambda args: core(*args), slices)
-  return from_slices(out), from_slices(probs)
+  return common.merge_batch_slices(out), common.merge_batch_slices(probs)
 
 
 def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:

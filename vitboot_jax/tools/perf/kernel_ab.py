@@ -13,6 +13,8 @@ bfloat16 (float32 sums; models/matmul.py `bf16_einsum`) against the plain cpu se
 (models/softmax_attention.py) against autodiff of softmax;
 `forward_convs`, the cpu set's convolutions (XLA's convolution forward and for the input
 gradient, matmuls for the kernel gradient) against matmuls in both passes;
+`conv_slices`, the cpu set's stride-1 XLA convolutions in batch slices when the batch is too
+large for the cache (models/conv.BatchSlices) against whole-batch convolutions;
 `xla_options`, the step compiled with the XLA options of `--xla_options name=value,...`
 against the default compilation (same kernels).
 
@@ -50,7 +52,7 @@ from vitboot_jax.tools.perf import benchmark
 def _set(name: str, **changes: Any) -> Callable[[Kernels], Kernels]:
   """Set `name` (with `changes`) on the devices the resolved set was made for."""
   return lambda resolved: dataclasses.replace(
-    kernels_lib.SETS[name], batch_shards=resolved.batch_shards, **changes
+    kernels_lib.for_platform(name, "cpu", batch_shards=resolved.batch_shards), **changes
   )
 
 
@@ -64,6 +66,12 @@ SWITCHES: dict[str, tuple[Callable[[Kernels], Kernels], Callable[[Kernels], Kern
     _set("cpu"),
   ),
   "xla_options": (lambda resolved: resolved, lambda resolved: resolved),
+  "conv_slices": (
+    _set("cpu"),
+    _set(
+      "cpu", conv_general_dilated=conv.conv_general_dilated, taps_conv=kernels_lib.cpu_taps_conv
+    ),
+  ),
   "softmax_backward": (_set("cpu"), _set("cpu", softmax_attention=None)),
   "forward_convs": (
     _set("cpu"),
