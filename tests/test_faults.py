@@ -27,12 +27,12 @@ from vitboot_jax import checkpoint, input_pipeline, preemption, steps, train
 class _WatchedRun:
   """Runs the tiny config in a subprocess and sends `sig` once `trigger(line, workdir)` holds."""
 
-  def __init__(self, workdir, folder, trigger, sig=signal.SIGKILL):
+  def __init__(self, workdir, folder, trigger, sig=signal.SIGKILL, overrides=()):
     self.workdir, self.trigger, self.sig = workdir, trigger, sig
     self.fired = None
     self.log: list[str] = []
     self.proc = subprocess.Popen(
-      command(workdir, folder),
+      command(workdir, folder, *overrides),
       env=env(1),
       stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE,
@@ -157,6 +157,29 @@ def test_sigterm_mid_epoch_saves_exits_cleanly_and_resumes(uninterrupted, image_
   _assert_same_run(workdir, uninterrupted)
 
 
+@pytest.mark.slow
+def test_sigterm_during_an_evaluation_saves_the_step_unevaluated_and_resumes(
+  uninterrupted, image_folder, tmp_path
+):
+  """The stop does not wait for the evaluation; the resumed run evaluates that step first."""
+  workdir = tmp_path / "terminated_in_eval"
+  one_image_batches = ("--config.data.eval_batch_size=1",)  # 40 batches: a signal lands mid-way.
+  watched = _WatchedRun(
+    workdir, image_folder, _during_eval, sig=signal.SIGTERM, overrides=one_image_batches
+  )
+  assert watched.wait() == 128 + signal.SIGTERM, "".join(watched.log)[-3000:]
+  log = "".join(watched.log)
+  assert "Traceback" not in log
+  assert "The evaluation of step 10 stopped early; it runs again on resume." in log
+  assert "Stopped by SIGTERM after step 10" in log
+  assert (workdir / "checkpoints" / "10" / checkpoint.COMMIT_MARKER).exists()
+  assert not [r for r in metrics(workdir) if "eval/top1_vit" in r]
+  proc = run(workdir, image_folder, *one_image_batches)
+  assert "Resuming from the checkpoint of step 10" in proc.stderr
+  assert proc.stderr.index("Evaluating at step 10") < proc.stderr.index("step 11/30")
+  _assert_same_run(workdir, uninterrupted)
+
+
 # ---------------------------------------------------------------------------------------------
 # In-process faults.
 
@@ -171,6 +194,16 @@ def test_stop_signals_are_recorded_and_handlers_restored():
   assert {sig: signal.getsignal(sig) for sig in before} == before
   stopped = preemption.Preempted("SIGINT", 7, "/w/checkpoints/7")
   assert stopped.exit_code == 130 and "after step 7" in str(stopped)
+
+
+def test_a_stop_signal_cuts_an_evaluation_short():
+  with preemption.StopSignals() as stop:
+    assert list(stop.interrupting(iter([1, 2]))) == [1, 2]
+    batches = stop.interrupting(iter([1, 2, 3]))
+    assert next(batches) == 1
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(preemption.EvaluationInterrupted):
+      next(batches)
 
 
 def _tiny_config(folder):

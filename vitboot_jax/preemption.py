@@ -1,7 +1,9 @@
 """Stop requests: SIGTERM (preemption notices, SLURM `--signal`) and SIGINT (Ctrl-C).
 
 The trainer asks `reached(step)` after every step; when it says yes, the trainer saves that
-step and exits, and re-running the same command resumes there.
+step and exits, and re-running the same command resumes there. A signal during an evaluation
+(single process) cuts it short: the step is saved unevaluated and evaluated on resume, so a stop
+does not wait minutes for an evaluation to end.
 
 Single process: a Python handler records the signal. Multi-process: every process must save the
 same step, so the decision comes from JAX's preemption sync service, which catches SIGTERM itself
@@ -14,13 +16,16 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterable, Iterator
 from types import FrameType
+from typing import TypeVar
 
 import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+T = TypeVar("T")
 
 
 class Preempted(Exception):  # noqa: N818 (not an error: a requested stop)
@@ -33,6 +38,10 @@ class Preempted(Exception):  # noqa: N818 (not an error: a requested stop)
       f"Stopped by {signal_name} after step {step}: checkpoint saved in {checkpoint_dir}. "
       "Re-run the same command to resume."
     )
+
+
+class EvaluationInterrupted(Exception):  # noqa: N818 (not an error: a requested stop)
+  """A stop signal arrived during an evaluation; the step is saved and evaluated on resume."""
 
 
 class StopSignals:
@@ -66,6 +75,17 @@ class StopSignals:
     logging.warning("Received %s: finishing this step, saving, then exiting.", name)
     if self._multi_process:
       os.kill(os.getpid(), signal.SIGTERM)  # Hand it to JAX's preemption service.
+
+  def interrupting(self, batches: Iterable[T]) -> Iterator[T]:
+    """Passes evaluation `batches` through; raises EvaluationInterrupted once a signal arrived.
+
+    Single process only: the processes of a multi-process run must agree on the step to stop
+    at, so they finish the evaluation and stop after it.
+    """
+    for batch in batches:
+      if self.received is not None and not self._multi_process:
+        raise EvaluationInterrupted(self.received)
+      yield batch
 
   def reached(self, step: int) -> bool:
     """Whether to save and stop after `step`; in multi-process runs call it every step."""

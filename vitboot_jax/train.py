@@ -101,6 +101,18 @@ class _FiniteCheck:
     )
 
 
+def _evaluation_missing(workdir: epath.Path, step: int, eval_every: int, total_steps: int) -> bool:
+  """Whether the restored `step` is an evaluation step whose evaluation was cut short.
+
+  Only a single-process run stops mid-evaluation (preemption.StopSignals.interrupting), and
+  only process 0 reads its own metrics file, so multi-process runs never ask.
+  """
+  if step == 0 or step == total_steps or step % eval_every or jax.process_count() > 1:
+    return False
+  records = metrics.read_metrics(workdir)
+  return not any(r["step"] == step and any(k.startswith("eval/") for k in r) for r in records)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains and evaluates `config` in `workdir`; returns the final metrics (final.json)."""
   configlib.validate(config, num_devices=jax.device_count())
@@ -137,11 +149,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches decoded images.
 
-  def run_eval(state: TrainState) -> dict[str, float]:
+  def run_eval(state: TrainState, stop: preemption.StopSignals | None = None) -> dict[str, float]:
+    """Evaluates `state`; a signal to `stop` raises preemption.EvaluationInterrupted."""
     local = input_pipeline.numpy_batches(eval_dataset, config, config.data.eval_split)
     batches = (sharding.global_batch(b, mesh) for b in local)
     batches = progress_log.eval_batches(batches, num_eval_batches)
+    if stop is not None:
+      batches = stop.interrupting(batches)
     return evaluate.evaluate(eval_step, state.params, state.batch_stats, batches)
+
+  def evaluate_and_log(
+    step: int, state: TrainState, stop: preemption.StopSignals | None
+  ) -> dict[str, float]:
+    finite.now()
+    with progress_log.evaluating(step):
+      eval_metrics = run_eval(state, stop)
+    writer.write(step, {"epoch": step / steps_per_epoch, **eval_metrics})
+    progress_log.evaluated(step, eval_metrics)
+    return eval_metrics
+
+  def stopped(stop: preemption.StopSignals, step: int) -> preemption.Preempted:
+    """Closes the writers once `step` is saved; main turns the exception into the exit."""
+    writer.flush()
+    ckpt.close()
+    writer.close()
+    return preemption.Preempted(stop.received, step, str(ckpt.step_dir(step)))
+
+  def evaluation_cut(stop: preemption.StopSignals, step: int) -> preemption.Preempted:
+    logging.warning("The evaluation of step %d stopped early; it runs again on resume.", step)
+    return stopped(stop, step)
 
   eval_every = eval_interval(config, steps_per_epoch)
   num_eval_batches = -(-info.num_eval_examples // config.data.eval_batch_size)
@@ -168,6 +204,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   batches = input_pipeline.train_batches(config, start_step=start_step)
   finite = _FiniteCheck(ckpt)
   with preemption.StopSignals() as stop:
+    if _evaluation_missing(workdir, start_step, eval_every, total_steps):
+      try:  # A stop signal cut this step's evaluation short: it was saved unevaluated.
+        eval_metrics = evaluate_and_log(start_step, state, stop)
+      except preemption.EvaluationInterrupted:
+        raise evaluation_cut(stop, start_step) from None
     for step in range(start_step + 1, total_steps + 1):
       state, step_metrics = train_step(state, sharding.global_batch(next(batches), mesh))
       finite.add(step, step_metrics)
@@ -177,20 +218,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         scalars.update(progress_log.step(step, scalars))
         writer.write(step, {"epoch": step / steps_per_epoch, **scalars})
       if step % eval_every == 0 or is_last:
-        finite.now()
-        with progress_log.evaluating(step):
-          eval_metrics = run_eval(state)
-        writer.write(step, {"epoch": step / steps_per_epoch, **eval_metrics})
-        progress_log.evaluated(step, eval_metrics)
+        try:  # The final evaluation always finishes: final.json needs it.
+          eval_metrics = evaluate_and_log(step, state, None if is_last else stop)
+        except preemption.EvaluationInterrupted:
+          ckpt.save(step, state, force=True)  # Checked finite before the evaluation.
+          raise evaluation_cut(stop, step) from None
       stopping = stop.reached(step) and not is_last
       if is_last or stopping or ckpt.should_save(step):
         finite.now()  # Never save a non-finite state.
         ckpt.save(step, state, force=True)
       if stopping:
-        writer.flush()
-        ckpt.close()
-        writer.close()
-        raise preemption.Preempted(stop.received, step, str(ckpt.step_dir(step)))
+        raise stopped(stop, step)
   writer.flush()
   ckpt.wait()
 
