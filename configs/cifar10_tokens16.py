@@ -18,8 +18,10 @@ All rows (5 modes x 2 seeds, Table 4 in joint mode) through the replication runn
     --data_dir=../shared/data/cifar10
 Args: mode=shared|joint|vit|agent (default shared), epochs=N (default 10), and the method
 switches of configs/common.py (align=none, kd=0, feature=0, decay=none, ...).
-Time per epoch on the 2-core dev VM (benchmark at commit 79d4227: step x 78 steps, full
-evaluation): ViT alone 3.4 min training + 1.8 min evaluation, shared 5.6 + 2.8 min.
+Time per epoch on the 2-core dev VM (commit f74a8ee, matmul peak 199 GFLOP/s: benchmark step x
+78 steps + 10,000 test images at the evaluation step's rate): ViT alone 3.4 min training + 2.0
+min evaluation, agent alone 3.8 + 1.5, joint 7.1 + 3.3, shared 6.3 + 2.7 (10 epochs: ~55, 55,
+105 and 90 min).
 Results: docs/results.md.
 """
 
