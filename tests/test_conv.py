@@ -86,16 +86,21 @@ def test_conv_with_matmul_kernel_grad_equals_lax_conv(x_shape, kernel_shape, str
   assert "dot_general" in differentiated
 
 
-@pytest.mark.parametrize("heads", [6, 9])
-def test_taps_conv_with_matmul_grad_equals_lax_conv(heads):
+def _taps_problem(heads: int, seed: int, batch: int):
+  """(window, positions, x, taps, cotangent, the lax convolution over the assembled taps)."""
   k, positions = tap_positions(heads, "official")
-  kx, kt, kc = jax.random.split(jax.random.key(11), 3)
-  x = jax.random.normal(kx, (2, 6, 5, 16))
+  kx, kt, kc = jax.random.split(jax.random.key(seed), 3)
+  x = jax.random.normal(kx, (batch, 6, 5, 16))
   taps = jax.random.normal(kt, (heads, 16, 16)) / 12
   lax_taps = lambda x, t: _lax(x, assemble_kernel(t, k, positions), (1, 1), "SAME")
+  return k, positions, x, taps, jax.random.normal(kc, x.shape), lax_taps
+
+
+@pytest.mark.parametrize("heads", [6, 9])
+def test_taps_conv_with_matmul_grad_equals_lax_conv(heads):
+  k, positions, x, taps, cotangent, lax_taps = _taps_problem(heads, seed=11, batch=2)
   hybrid = lambda x, t: conv.taps_conv_matmul_grad(x, t, positions, k)
   np.testing.assert_allclose(hybrid(x, taps), lax_taps(x, taps), rtol=1e-5, atol=1e-5)
-  cotangent = jax.random.normal(kc, (2, 6, 5, 16))
   loss = lambda f: lambda x, t: (f(x, t) * cotangent).sum()
   for g, w in zip(
     jax.grad(loss(hybrid), (0, 1))(x, taps), jax.grad(loss(lax_taps), (0, 1))(x, taps)
@@ -229,17 +234,12 @@ def test_sliced_convolution_equals_lax_conv(kernel_shape, strides, padding, loop
 @pytest.mark.parametrize("heads", [6, 9])
 def test_sliced_taps_conv_equals_lax_conv_on_a_sharded_batch(heads):
   """Slices aligned with 8 devices (the batch sharded over them) give the plain values/grads."""
-  k, positions = tap_positions(heads, "official")
-  kx, kt, kc = jax.random.split(jax.random.key(13), 3)
-  x = jax.random.normal(kx, (32, 6, 5, 16))
-  taps = jax.random.normal(kt, (heads, 16, 16)) / 12
-  cotangent = jax.random.normal(kc, x.shape)
+  k, positions, x, taps, cotangent, lax_taps = _taps_problem(heads, seed=13, batch=32)
   mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
   batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
   x, cotangent = jax.device_put((x, cotangent), batch)
   slices = _slices_of(1, x.shape, shards=len(jax.devices()))
   assert slices.images(x) == len(jax.devices())
-  lax_taps = lambda x, t: _lax(x, assemble_kernel(t, k, positions), (1, 1), "SAME")
   sliced = lambda x, t: conv.taps_conv_matmul_grad(x, t, positions, k, slices=slices)
   loss = lambda f: jax.jit(jax.value_and_grad(lambda x, t: (f(x, t) * cotangent).sum(), (0, 1)))
   (got, got_grads), (want, want_grads) = loss(sliced)(x, taps), loss(lax_taps)(x, taps)
