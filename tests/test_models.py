@@ -117,7 +117,8 @@ def test_shared_conv_equals_conv_over_product_taps(heads, scheme, kernels):
   got = jax.grad(loss(shared), argnums=(0, 1, 2))(x, w_v, w_o)
   ref = jax.grad(loss(conv), argnums=(0, 1, 2))(x, w_v, w_o)
   for g, r in zip(got, ref):
-    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-3)
+    # sin of outputs up to ~170 amplifies float32 rounding: tolerance scaled to the gradient.
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
   # Two matmuls, no convolution.
   jaxpr = str(jax.make_jaxpr(shared)(x, w_v, w_o))
   assert "conv_general_dilated" not in jaxpr and jaxpr.count("dot_general") == 2

@@ -24,7 +24,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vitboot_jax import cli, errors, progress
+from vitboot_jax import cli, cpu_devices, errors, progress
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -37,6 +37,7 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, cpu_devices.FLAG_HELP)
 
 
 def _multi_process_environment() -> bool:
@@ -83,12 +84,17 @@ def main(argv):
   from vitboot_jax import configlib, datasets, workdirs
 
   # The user's mistakes, in seconds: before TensorFlow and JAX load and before anything is written.
+  split = None
   try:
     configlib.validate(config)
     if workdirs.check(_WORKDIR.value, config) is not None:
       logging.info("%s already holds a finished run of this config; nothing to do.", _WORKDIR.value)
       return
     datasets.ensure(config, may_download=not _is_multi_process())
+    if not _is_multi_process():
+      split = cpu_devices.split_host(
+        (config.batch_size, config.data.eval_batch_size), requested=_CPU_DEVICES.value
+      )
   except errors.UsageError as error:
     cli.fail(str(error))
   # TensorFlow is only the input pipeline: it must never take an accelerator from JAX.
@@ -108,6 +114,8 @@ def main(argv):
     jax.device_count(),
     jax.default_backend(),
   )
+  if split and split > 1 and jax.default_backend() == "cpu":
+    logging.info("CPU host split into %d devices; the batch is sharded over them.", split)
   from vitboot_jax import checkpoint, preemption
 
   try:

@@ -41,7 +41,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import sharding
+from vitboot_jax import cpu_devices, sharding
 from vitboot_jax.models import conv, matmul
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import vit as vit_lib
@@ -224,6 +224,7 @@ def define_flags() -> None:
   _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
   _FLAGS["switch"] = flags.DEFINE_enum("switch", None, sorted(SWITCHES), "Kernel choice to A/B.")
   _FLAGS["batch"] = flags.DEFINE_integer("batch", 0, "Global batch size; 0: config.batch_size.")
+  _FLAGS["cpu_devices"] = flags.DEFINE_integer("cpu_devices", 0, cpu_devices.FLAG_HELP)
   _FLAGS["steps"] = flags.DEFINE_integer("steps", 5, "Timed steps per variant (median).")
   _FLAGS["warmup"] = flags.DEFINE_integer("warmup", 1, "Untimed steps after compilation.")
   _FLAGS["modes"] = flags.DEFINE_list("modes", ["vit", "shared"], "Modes to time.")
@@ -240,10 +241,13 @@ def main(argv: Sequence[str]) -> None:
   del argv
   value = {name: holder.value for name, holder in _FLAGS.items()}
   config = value["config"]
+  batch = value["batch"] or config.batch_size
+  # The device layout train.py would get on this host (one CPU device per core by default).
+  cpu_devices.split_host((batch, config.data.eval_batch_size), requested=value["cpu_devices"])
   run(
     config,
     switch=value["switch"],
-    batch=value["batch"] or config.batch_size,
+    batch=batch,
     steps=value["steps"],
     warmup=value["warmup"],
     modes=[m.strip() for m in value["modes"] if m.strip()],
