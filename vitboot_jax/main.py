@@ -13,6 +13,9 @@ Multi-process (several hosts, or several processes on one host): on TPU VMs and 
 `jax.distributed.initialize()` finds its peers by itself (pass --distributed); elsewhere pass
 --coordinator_address=HOST:PORT --num_processes=N --process_id=I. Such runs never download data:
 prepare it first with `python -m vitboot_jax.tools.prepare_data NAME --data_dir=DIR`.
+
+A CPU-only host is split into one device per core and the batch sharded over them
+(--cpu_devices=1: one device using every core).
 """
 
 from __future__ import annotations
