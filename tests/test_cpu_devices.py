@@ -89,3 +89,18 @@ def test_main_refuses_a_count_that_does_not_divide_the_batch(tmp_path, image_fol
   assert "error: --cpu_devices=3 does not divide the batch size(s) [16, 32]" in proc.stderr
   assert "Traceback" not in proc.stderr
   assert not (workdir / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("tool", ["benchmark", "kernel_ab", "profile_step"])
+def test_perf_tools_lay_the_host_out_as_main_does(tool):
+  # The tools share main's flag and rule: a count that does not divide --batch is refused alike.
+  command = [sys.executable, "-m", f"vitboot_jax.tools.perf.{tool}", f"--config={runs.TINY}"]
+  command += ["--batch=12", "--cpu_devices=8"] + (
+    ["--switch=kernels"] if tool == "kernel_ab" else []
+  )
+  proc = subprocess.run(
+    command, env=runs.env(1), capture_output=True, text=True, timeout=120, cwd=runs.REPO
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "error: --cpu_devices=8 does not divide the batch size(s) [12]" in proc.stderr
+  assert "Traceback" not in proc.stderr

@@ -13,6 +13,8 @@ import math
 import os
 from collections.abc import Sequence
 
+from absl import flags
+
 from vitboot_jax import errors
 
 # Each device holds a replica of the train state; beyond 8 replicas the memory cost is unmeasured.
@@ -69,3 +71,13 @@ def split_host(
 
   jax.config.update("jax_num_cpu_devices", count)
   return count
+
+
+def define_flag() -> flags.FlagHolder[int]:
+  """The --cpu_devices flag, one definition for main and the perf tools (they must agree)."""
+  return flags.DEFINE_integer("cpu_devices", 0, FLAG_HELP)
+
+
+def split_host_for(config, requested: int = 0, batch: int = 0) -> int | None:
+  """split_host for a run of `config`: its train batch (`batch` if set) and its eval batch."""
+  return split_host((batch or config.batch_size, config.data.eval_batch_size), requested=requested)

@@ -40,7 +40,7 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, cpu_devices.FLAG_HELP)
+_CPU_DEVICES = cpu_devices.define_flag()
 
 
 def _multi_process_environment() -> bool:
@@ -95,9 +95,7 @@ def main(argv):
       return
     datasets.ensure(config, may_download=not _is_multi_process())
     if not _is_multi_process():
-      split = cpu_devices.split_host(
-        (config.batch_size, config.data.eval_batch_size), requested=_CPU_DEVICES.value
-      )
+      split = cpu_devices.split_host_for(config, requested=_CPU_DEVICES.value)
   except errors.UsageError as error:
     cli.fail(str(error))
   # TensorFlow is only the input pipeline: it must never take an accelerator from JAX.

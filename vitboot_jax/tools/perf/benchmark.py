@@ -47,7 +47,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import configlib, cpu_devices, evaluate, input_pipeline, sharding
+from vitboot_jax import cli, configlib, cpu_devices, errors, evaluate, input_pipeline, sharding
 from vitboot_jax import steps as step_lib
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.models import costs, matmul
@@ -401,7 +401,7 @@ def define_flags() -> None:
   imported into one process (tests) without their flag names colliding."""
   _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
   _FLAGS["batch"] = flags.DEFINE_integer("batch", 0, "Global batch size; 0: config.batch_size.")
-  _FLAGS["cpu_devices"] = flags.DEFINE_integer("cpu_devices", 0, cpu_devices.FLAG_HELP)
+  _FLAGS["cpu_devices"] = cpu_devices.define_flag()
   _FLAGS["steps"] = flags.DEFINE_integer("steps", 10, "Timed steps per mode (median reported).")
   _FLAGS["warmup"] = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
   _FLAGS["modes"] = flags.DEFINE_list("modes", list(ALL_MODES), f"Modes, from {ALL_MODES}.")
@@ -420,13 +420,22 @@ def define_flags() -> None:
   flags.mark_flag_as_required("config")
 
 
+def lay_out_host(value: dict[str, Any]) -> int:
+  """A perf tool's global batch, with the host split into the devices train.py would get there
+  (one CPU device per core by default), so the tools time what training runs."""
+  batch = value["batch"] or value["config"].batch_size
+  try:
+    cpu_devices.split_host_for(value["config"], requested=value["cpu_devices"], batch=batch)
+  except errors.UsageError as error:
+    cli.fail(str(error))
+  return batch
+
+
 def main(argv: Sequence[str]) -> None:
   del argv
   value = {name: holder.value for name, holder in _FLAGS.items()}
   config = value["config"]
-  batch = value["batch"] or config.batch_size
-  # The device layout train.py would get on this host (one CPU device per core by default).
-  cpu_devices.split_host((batch, config.data.eval_batch_size), requested=value["cpu_devices"])
+  batch = lay_out_host(value)
   run(
     config,
     batch=batch,

@@ -224,7 +224,7 @@ def define_flags() -> None:
   _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
   _FLAGS["switch"] = flags.DEFINE_enum("switch", None, sorted(SWITCHES), "Kernel choice to A/B.")
   _FLAGS["batch"] = flags.DEFINE_integer("batch", 0, "Global batch size; 0: config.batch_size.")
-  _FLAGS["cpu_devices"] = flags.DEFINE_integer("cpu_devices", 0, cpu_devices.FLAG_HELP)
+  _FLAGS["cpu_devices"] = cpu_devices.define_flag()
   _FLAGS["steps"] = flags.DEFINE_integer("steps", 5, "Timed steps per variant (median).")
   _FLAGS["warmup"] = flags.DEFINE_integer("warmup", 1, "Untimed steps after compilation.")
   _FLAGS["modes"] = flags.DEFINE_list("modes", ["vit", "shared"], "Modes to time.")
@@ -241,9 +241,7 @@ def main(argv: Sequence[str]) -> None:
   del argv
   value = {name: holder.value for name, holder in _FLAGS.items()}
   config = value["config"]
-  batch = value["batch"] or config.batch_size
-  # The device layout train.py would get on this host (one CPU device per core by default).
-  cpu_devices.split_host((batch, config.data.eval_batch_size), requested=value["cpu_devices"])
+  batch = benchmark.lay_out_host(value)
   run(
     config,
     switch=value["switch"],

@@ -275,7 +275,7 @@ def define_flags() -> None:
   _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
   _FLAGS["mode"] = flags.DEFINE_enum("mode", "shared", list(benchmark.ALL_MODES), "Mode.")
   _FLAGS["batch"] = flags.DEFINE_integer("batch", 0, "Global batch size; 0: config.batch_size.")
-  _FLAGS["cpu_devices"] = flags.DEFINE_integer("cpu_devices", 0, cpu_devices.FLAG_HELP)
+  _FLAGS["cpu_devices"] = cpu_devices.define_flag()
   _FLAGS["steps"] = flags.DEFINE_integer("steps", 3, "Traced steps.")
   _FLAGS["warmup"] = flags.DEFINE_integer("warmup", 2, "Untraced steps after compilation.")
   _FLAGS["top"] = flags.DEFINE_integer("top", 20, "How many of the most expensive ops to list.")
@@ -292,9 +292,7 @@ def main(argv: Sequence[str]) -> None:
   del argv
   value = {name: holder.value for name, holder in _FLAGS.items()}
   config = value["config"]
-  batch = value["batch"] or config.batch_size
-  # The device layout train.py would get on this host (one CPU device per core by default).
-  cpu_devices.split_host((batch, config.data.eval_batch_size), requested=value["cpu_devices"])
+  batch = benchmark.lay_out_host(value)
   run(
     config,
     mode=value["mode"],
