@@ -192,25 +192,30 @@ def _matmuls_weight_grad(x, kernel, ct, strides, pads):
   return jax.vjp(lambda w: conv_as_matmuls(x, w, strides, pads), kernel)[1](ct)[0]
 
 
-def _taps_weight_grad(x, taps, ct, strides, pads, *, positions):
+def _taps_weight_grad(x, taps, ct, strides, pads, *, positions, shards=1):
   """Tap gradients of a stride-1 `taps_conv`, one matmul per tap without copying its window.
 
   With the padded input and the cotangent (zero-padded to the same grid) flattened to
-  [pixels, C], tap (r, c)'s window is the row range shifted by r * W_pad + c: a contiguous
-  slice, where the per-tap view of the 4-D input was a strided copy. Rows that wrap into the
-  next image row or image meet zeros of the cotangent.
+  [pixels, C] per batch shard, tap (r, c)'s window is the row range shifted by r * W_pad + c: a
+  contiguous slice, where the per-tap view of the 4-D input was a strided copy. Rows that wrap
+  into the next image row or image meet zeros of the cotangent. Flattening per shard keeps each
+  window on its device (one flat axis over the sharded batch made XLA exchange halos per tap).
   """
   del strides
   (top, bottom), (left, right) = pads
   x = jnp.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
   b, hp, wp, c_in = x.shape
   _, ho, wo, c_out = ct.shape
-  ct = jnp.pad(ct, ((0, 0), (0, hp - ho), (0, wp - wo), (0, 0))).reshape(b * hp * wp, c_out)
-  x = x.reshape(b * hp * wp, c_in)
+  shards = shards if b % shards == 0 else 1
+  ct = jnp.pad(ct, ((0, 0), (0, hp - ho), (0, wp - wo), (0, 0)))
+  ct = ct.reshape(shards, b // shards * hp * wp, c_out)
+  x = x.reshape(shards, b // shards * hp * wp, c_in)
   last = max(r * wp + c for r, c in positions)
-  rows = b * hp * wp - last
+  rows = x.shape[1] - last
   grads = [
-    matmul.einsum("mc,md->cd", jax.lax.slice_in_dim(x, r * wp + c, r * wp + c + rows), ct[:rows])
+    matmul.einsum(
+      "smc,smd->cd", jax.lax.slice_in_dim(x, r * wp + c, r * wp + c + rows, axis=1), ct[:, :rows]
+    )
     for r, c in positions
   ]
   return jnp.stack(grads).astype(taps.dtype)
@@ -257,7 +262,7 @@ def taps_conv_matmul_grad(
   if jnp.result_type(x, taps) in matmul.HALF_FLOATS:
     return taps_conv(x, taps, positions, window, padding=pads)
   as_kernel = functools.partial(assemble_kernel, k=window, positions=positions)
-  weight_grad = functools.partial(_taps_weight_grad, positions=positions)
+  weight_grad = functools.partial(_taps_weight_grad, positions=positions, shards=slices.shards)
   return _conv_matmul_weight_grad(x, taps, (1, 1), pads, as_kernel, weight_grad, slices)
 
 
