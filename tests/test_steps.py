@@ -1,6 +1,7 @@
 """The training step: official loss terms and gradients, Align, private leaves, modes, sharding."""
 
 import pathlib
+import re
 
 import chex
 import jax
@@ -15,6 +16,7 @@ from vitboot_jax import optim, sharding, steps
 from vitboot_jax.models import convert, sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
+from vitboot_jax.tools.perf import benchmark
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -290,3 +292,26 @@ def test_sharded_batch_matches_single_device(kernels):
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-9)
   _, per_device_stats, _ = gradients(config, models, state, jax.tree.map(lambda x: x[:2], batch))
   assert not np.allclose(per_device_stats["agent"]["stem"]["bn"]["mean"], want, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+  "mode, kernels",
+  [
+    pytest.param(
+      mode, kernels, marks=() if (mode, kernels) == ("agent", "cpu") else pytest.mark.slow
+    )
+    for mode in benchmark.ALL_MODES
+    for kernels in ("cpu", "xla")
+  ],
+)
+def test_data_parallel_step_communicates_only_by_all_reduce(mode, kernels):
+  """Sharded over the batch, a step needs one kind of collective: all-reduces of gradients and
+  BatchNorm statistics. Halo exchanges or gathers would mean an op split the batch badly."""
+  config = load_config("tiny_config", f"mode={mode.removesuffix('_noalign')}")
+  config.kernels = kernels
+  step = benchmark.compile_mode_step(config, mode, sharding.make_mesh(), batch=16)
+  ops = re.findall(r"\b([a-z][a-z-]*)\(", step.compiled.as_text())
+  found = {op.removesuffix("-start").removesuffix("-done") for op in ops}
+  collectives = found & {"all-gather", "collective-permute", "all-to-all", "reduce-scatter"}
+  assert not collectives, f"{mode} ({kernels} kernels): {sorted(collectives)}"
+  assert "all-reduce" in found
