@@ -51,7 +51,7 @@ def _primitives(fn, *args) -> list[str]:
   def walk(jaxpr):
     for eqn in jaxpr.eqns:
       names.append(eqn.primitive.name)
-      for sub in jax.core.jaxprs_in_params(eqn.params):
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
         walk(sub)
 
   walk(jax.make_jaxpr(fn)(*args).jaxpr)

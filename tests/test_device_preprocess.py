@@ -12,7 +12,6 @@ from vitboot_jax import (
   evaluate,
   input_pipeline,
   optim,
-  preprocess,
   steps,
 )
 from vitboot_jax.models.build import build_models
@@ -47,7 +46,7 @@ def make_config(root, stored_size: int, image_size: int = 224):
 def test_shipped_crops_resize_on_device_as_on_the_host(noisy_folder):
   device = make_config(noisy_folder, stored_size=32)
   host = make_config(noisy_folder, stored_size=0)
-  assert preprocess.device_resize_from(device) == 32 and not preprocess.device_resize_from(host)
+  assert configlib.device_resize_from(device) == 32 and not configlib.device_resize_from(host)
   prepare = jax.jit(device_preprocess.make_prepare(device))
   shipped = next(input_pipeline.train_batches(device))
   want = next(input_pipeline.train_batches(host))
@@ -68,7 +67,7 @@ def test_shipped_crops_resize_on_device_as_on_the_host(noisy_folder):
 
 def test_float_images_pass_through_and_no_upscale_ships_floats(noisy_folder):
   config = make_config(noisy_folder, stored_size=32, image_size=32)
-  assert preprocess.device_resize_from(config) == 0  # Nothing to upscale: the host finishes it.
+  assert configlib.device_resize_from(config) == 0  # Nothing to upscale: the host finishes it.
   images = jnp.ones((2, 32, 32, 3))
   assert device_preprocess.make_prepare(config)(images) is images
   assert device_preprocess.shipped_image(config) == ((32, 32, 3), jnp.float32)

@@ -42,7 +42,7 @@ def _reduced_shapes(jaxpr) -> list[tuple[int, ...]]:
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "reduce_sum":
       shapes.append(tuple(eqn.invars[0].aval.shape))
-    for sub in jax.core.jaxprs_in_params(eqn.params):
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
       shapes.extend(_reduced_shapes(sub))
   return shapes
 

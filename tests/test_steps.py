@@ -2,6 +2,8 @@
 
 import pathlib
 import re
+import subprocess
+import sys
 
 import chex
 import jax
@@ -307,6 +309,8 @@ def test_sharded_batch_matches_single_device(kernels):
 def test_data_parallel_step_communicates_only_by_all_reduce(mode, kernels):
   """Sharded over the batch, a step needs one kind of collective: all-reduces of gradients and
   BatchNorm statistics. Halo exchanges or gathers would mean an op split the batch badly."""
+  if jax.device_count() < 2:
+    pytest.skip("one device: a step has nothing to communicate")
   config = load_config("tiny_config", f"mode={mode.removesuffix('_noalign')}")
   config.kernels = kernels
   step = benchmark.compile_mode_step(config, mode, sharding.make_mesh(), batch=16)
@@ -315,3 +319,22 @@ def test_data_parallel_step_communicates_only_by_all_reduce(mode, kernels):
   collectives = found & {"all-gather", "collective-permute", "all-to-all", "reduce-scatter"}
   assert not collectives, f"{mode} ({kernels} kernels): {sorted(collectives)}"
   assert "all-reduce" in found
+
+
+def test_steps_and_benchmark_need_no_tensorflow():
+  """TensorFlow is only the input pipeline: an accelerator host without it still builds, jits
+  and benchmarks every step (launch/accelerator_check.sh)."""
+  code = (
+    "import sys\n"
+    "class NoTF:\n"
+    "  def find_spec(self, name, path=None, target=None):\n"
+    "    if name.split('.')[0] in ('tensorflow', 'tensorflow_datasets'):\n"
+    "      raise ImportError(name)\n"
+    "sys.meta_path.insert(0, NoTF())\n"
+    "import vitboot_jax.trainer, vitboot_jax.steps, vitboot_jax.tools.perf.benchmark\n"
+    "import vitboot_jax.tools.perf.lowering\n"
+    "assert 'tensorflow' not in sys.modules\n"
+  )
+  root = pathlib.Path(__file__).resolve().parents[1]
+  proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]

@@ -150,6 +150,20 @@ def base_config() -> ml_collections.ConfigDict:
 
 # Fields a config must set (base_config() holds placeholders: "", 0 or -1), for every mode and
 # for the models a mode trains (the agent has the ViT's shape).
+def device_resize_from(config: ml_collections.ConfigDict) -> int:
+  """The stored side the host ships images at (uint8) for the steps to resize, or 0.
+
+  When every stored image is config.data.stored_size square (CIFAR: 32) and smaller than
+  config.image_size, the CIFAR and "none" pipelines ship the augmented crop as uint8 at that
+  size (3 kB instead of 602 kB at 224 px) and the jitted steps resize and normalise it on the
+  device (device_preprocess.py); the host then does no float work at all.
+  """
+  stored = int(config.data.get("stored_size", 0))
+  if stored and stored < config.image_size and config.data.augment in ("cifar", "none"):
+    return stored
+  return 0
+
+
 REQUIRED = ("mode", "image_size", "batch_size", "num_epochs", "optim.lr")
 REQUIRED += ("data.name", "data.num_classes", "data.normalisation")
 REQUIRED_BY_MODE = {

@@ -1,6 +1,6 @@
 """The image ops the jitted steps run on the device: uint8 stored-size crops -> model input.
 
-When the host ships CIFAR crops as uint8 at their stored size (preprocess.device_resize_from),
+When the host ships CIFAR crops as uint8 at their stored size (configlib.device_resize_from),
 the steps finish the pipeline: [0, 1] floats, bilinear up-sampling to config.image_size (the
 host's tf.image.resize, half-pixel centres) and the per-channel normalisation. Images that
 arrive as floats were finished on the host and pass through unchanged.
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vitboot_jax import configlib, preprocess
+from vitboot_jax import configlib
 
 
 def make_prepare(config: ml_collections.ConfigDict) -> Callable[[jax.Array], jax.Array]:
@@ -35,7 +35,7 @@ def make_prepare(config: ml_collections.ConfigDict) -> Callable[[jax.Array], jax
 
 def shipped_image(config: ml_collections.ConfigDict) -> tuple[tuple[int, int, int], jnp.dtype]:
   """(shape, dtype) of one image as the host pipelines deliver it to the steps."""
-  stored = preprocess.device_resize_from(config)
+  stored = configlib.device_resize_from(config)
   if stored:
     return (stored, stored, 3), jnp.dtype(jnp.uint8)
   return (config.image_size, config.image_size, 3), jnp.dtype(jnp.float32)

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vitboot_jax import errors, preprocess
+from vitboot_jax import configlib, errors, preprocess
 
 # TensorFlow is only the input pipeline here: keep it off every accelerator so it never reserves
 # GPU memory that JAX needs. This fails harmlessly if TF has already initialised its devices.
@@ -479,7 +479,7 @@ def train_batches(
 ) -> Iterator[dict[str, np.ndarray]]:
   """{"image": float32 [B, S, S, 3], "label": int32 [B]}, B = batch_size // process_count;
   the image is uint8 [B, s, s, 3] at the stored size s when the steps resize on the device
-  (preprocess.device_resize_from).
+  (configlib.device_resize_from).
 
   With start_step=k, yields exactly what an uninterrupted run yields from step k on.
   """
@@ -514,7 +514,7 @@ def eval_dataset(
   def prepare(ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     return {"image": eval_fn(ex["image"]), "label": ex["label"], "mask": tf.constant(1.0)}
 
-  stored = preprocess.device_resize_from(config)
+  stored = configlib.device_resize_from(config)
   padding = {
     "image": tf.zeros([stored, stored, 3], tf.uint8) if stored else tf.zeros([size, size, 3]),
     "label": tf.constant(0, tf.int32),

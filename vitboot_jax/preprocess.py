@@ -179,20 +179,6 @@ def resize_short_centre_crop(image: tf.Tensor, size: int) -> tf.Tensor:
   return tf.slice(resized, tf.stack([top, left, 0]), [size, size, 3])
 
 
-def device_resize_from(config: ml_collections.ConfigDict) -> int:
-  """The stored side the host ships images at (uint8) for the steps to resize, or 0.
-
-  When every stored image is config.data.stored_size square (CIFAR: 32) and smaller than
-  config.image_size, the CIFAR and "none" pipelines ship the augmented crop as uint8 at that
-  size (3 kB instead of 602 kB at 224 px) and the jitted steps resize and normalise it on the
-  device (device_preprocess.py); the host then does no float work at all.
-  """
-  stored = int(config.data.get("stored_size", 0))
-  if stored and stored < config.image_size and config.data.augment in ("cifar", "none"):
-    return stored
-  return 0
-
-
 def _check_stored(image: tf.Tensor, stored: int) -> tf.Tensor:
   shape = tf.shape(image)
   ok = tf.logical_and(tf.equal(shape[0], stored), tf.equal(shape[1], stored))
@@ -222,10 +208,10 @@ def _check(config: ml_collections.ConfigDict) -> tuple[int, tuple, tuple]:
 
 def make_train_fn(config: ml_collections.ConfigDict) -> TrainFn:
   """(uint8 image [H, W, 3], seed [2]) -> normalised float32 [S, S, 3] for config.data.augment,
-  or the uint8 augmented crop at its stored size (see `device_resize_from`)."""
+  or the uint8 augmented crop at its stored size (see `configlib.device_resize_from`)."""
   size, mean, std = _check(config)
   kind = config.data.augment
-  stored = device_resize_from(config)
+  stored = configlib.device_resize_from(config)
 
   def train_fn(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     if stored:
@@ -246,10 +232,10 @@ def make_train_fn(config: ml_collections.ConfigDict) -> TrainFn:
 
 def make_eval_fn(config: ml_collections.ConfigDict) -> EvalFn:
   """uint8 image -> normalised float32 [S, S, 3]: resize, or short-side resize + centre crop;
-  or the uint8 image at its stored size (see `device_resize_from`)."""
+  or the uint8 image at its stored size (see `configlib.device_resize_from`)."""
   size, mean, std = _check(config)
   kind = config.data.augment
-  stored = device_resize_from(config)
+  stored = configlib.device_resize_from(config)
 
   def eval_fn(image: tf.Tensor) -> tf.Tensor:
     if stored:

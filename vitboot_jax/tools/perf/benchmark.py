@@ -47,7 +47,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cli, configlib, cpu_devices, errors, evaluate, input_pipeline, sharding
+from vitboot_jax import cli, configlib, cpu_devices, errors, evaluate, sharding
 from vitboot_jax import steps as step_lib
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.models import costs, matmul
@@ -235,6 +235,8 @@ def compile_mode_step(
 
 def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
   """Per-step wall time of train.py's loop on real batches: data, transfer, step, logging."""
+  from vitboot_jax import input_pipeline  # TensorFlow only when real data is asked for.
+
   config = step.config
   batches = input_pipeline.train_batches(config)
   log_every = max(1, int(config.log_every_steps))
@@ -258,6 +260,8 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
 
 def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
   """A full evaluation of the eval split as train.py runs it (twice: decode, then cache)."""
+  from vitboot_jax import input_pipeline  # TensorFlow only when real data is asked for.
+
   config, mesh = step.config, step.mesh
   eval_step = step.trainer.eval_step
   params, stats = step.state.params, step.state.batch_stats

@@ -7,7 +7,7 @@ The first epoch (which fills the decoded-image cache when config.data.cache) is 
 then `--batches` batches are timed as numpy arrays, as train.py receives them. Prints one JSON
 object: {"img_per_s", "bytes_per_image", "image_shape", "dtype", "batch", "batches", "seconds",
 "host_cores"}; image fields describe what crosses to the device (uint8 at the stored size when
-the steps upscale on the device, see preprocess.device_resize_from).
+the steps upscale on the device, see configlib.device_resize_from).
 """
 
 from __future__ import annotations
