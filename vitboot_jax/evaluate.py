@@ -7,6 +7,7 @@ not depend on the batch size (the official code averages per-batch accuracies in
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -46,15 +47,31 @@ def make_eval_step(
   return eval_step
 
 
+# Batches dispatched ahead of the one whose sums are fetched: the host prepares and transfers the
+# next batches while the device computes, and at most this many + 1 batches' inputs are alive.
+IN_FLIGHT = 2
+
+
 def evaluate(
   eval_step: Callable[..., dict], params: Any, batch_stats: Any, batches: Iterable[Any]
 ) -> dict[str, float]:
-  """Runs `eval_step` over global batches; returns {"eval/top1_vit": ..., "eval/count": n}."""
+  """Runs `eval_step` over global batches; returns {"eval/top1_vit": ..., "eval/count": n}.
+
+  Sums are fetched IN_FLIGHT batches behind the dispatch (bounded run-ahead) and added up in
+  float64 on the host, in batch order."""
   totals: dict[str, Any] | None = None
+  pending: collections.deque = collections.deque()
+
+  def add(totals, sums):
+    sums = jax.tree.map(np.float64, jax.device_get(sums))
+    return sums if totals is None else jax.tree.map(np.add, totals, sums)
+
   for batch in batches:
-    sums = jax.device_get(eval_step(params, batch_stats, batch))
-    sums = jax.tree.map(lambda x: np.float64(x), sums)
-    totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
+    pending.append(eval_step(params, batch_stats, batch))
+    if len(pending) > IN_FLIGHT:
+      totals = add(totals, pending.popleft())
+  while pending:
+    totals = add(totals, pending.popleft())
   if totals is None:
     raise ValueError("the evaluation split is empty; check config.data.eval_split")
   count = totals.pop("count")
