@@ -97,6 +97,8 @@ def measure_peak(
     "peak_matmul_flops_per_s": flops / step_s,
     "peak_matmul_size": size,
     "peak_matmul_dtype": jnp.dtype(dtype).name,
+    # "default" float32 is TF32 on recent GPUs; JAX_DEFAULT_MATMUL_PRECISION=highest is full.
+    "matmul_precision": jax.config.jax_default_matmul_precision or "default",
     "peak_matmul_s": step_s,
     "devices": n,
     "device_kind": jax.devices()[0].device_kind,
