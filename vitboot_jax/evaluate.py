@@ -47,17 +47,18 @@ def make_eval_step(
   return eval_step
 
 
-# Batches dispatched ahead of the one whose sums are fetched: the host prepares and transfers the
-# next batches while the device computes, and at most this many + 1 batches' inputs are alive.
-IN_FLIGHT = 2
-
-
 def evaluate(
-  eval_step: Callable[..., dict], params: Any, batch_stats: Any, batches: Iterable[Any]
+  eval_step: Callable[..., dict],
+  params: Any,
+  batch_stats: Any,
+  batches: Iterable[Any],
+  in_flight: int = 2,
 ) -> dict[str, float]:
   """Runs `eval_step` over global batches; returns {"eval/top1_vit": ..., "eval/count": n}.
 
-  Sums are fetched IN_FLIGHT batches behind the dispatch (bounded run-ahead) and added up in
+  Each batch's sums are fetched `in_flight` batches behind its dispatch, so the host prepares
+  and transfers the next batches while the device computes, with at most `in_flight` + 1
+  batches' inputs alive (the kernel set's `eval_batches_in_flight`); the sums are added up in
   float64 on the host, in batch order."""
   totals: dict[str, Any] | None = None
   pending: collections.deque = collections.deque()
@@ -68,7 +69,7 @@ def evaluate(
 
   for batch in batches:
     pending.append(eval_step(params, batch_stats, batch))
-    if len(pending) > IN_FLIGHT:
+    if len(pending) > in_flight:
       totals = add(totals, pending.popleft())
   while pending:
     totals = add(totals, pending.popleft())

@@ -156,7 +156,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     batches = progress_log.eval_batches(batches, num_eval_batches)
     if stop is not None:
       batches = stop.interrupting(batches)
-    return evaluate.evaluate(eval_step, state.params, state.batch_stats, batches)
+    in_flight = models.kernels.eval_batches_in_flight
+    return evaluate.evaluate(eval_step, state.params, state.batch_stats, batches, in_flight)
 
   def evaluate_and_log(
     step: int, state: TrainState, stop: preemption.StopSignals | None

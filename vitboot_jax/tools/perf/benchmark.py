@@ -279,7 +279,8 @@ def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
     start = time.perf_counter()
     local = input_pipeline.numpy_batches(dataset, config, config.data.eval_split)
     batches = (sharding.global_batch(b, mesh) for b in local)
-    result = evaluate.evaluate(eval_step, params, stats, batches)
+    in_flight = step.trainer.models.kernels.eval_batches_in_flight
+    result = evaluate.evaluate(eval_step, params, stats, batches, in_flight)
     passes.append((time.perf_counter() - start, result["eval/count"]))
   (first_s, count), (cached_s, _) = passes
   return {
