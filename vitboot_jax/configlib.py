@@ -148,8 +148,6 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-# Fields a config must set (base_config() holds placeholders: "", 0 or -1), for every mode and
-# for the models a mode trains (the agent has the ViT's shape).
 def device_resize_from(config: ml_collections.ConfigDict) -> int:
   """The stored side the host ships images at (uint8) for the steps to resize, or 0.
 
@@ -164,6 +162,8 @@ def device_resize_from(config: ml_collections.ConfigDict) -> int:
   return 0
 
 
+# Fields a config must set (base_config() holds placeholders: "", 0 or -1), for every mode and
+# for the models a mode trains (the agent has the ViT's shape).
 REQUIRED = ("mode", "image_size", "batch_size", "num_epochs", "optim.lr")
 REQUIRED += ("data.name", "data.num_classes", "data.normalisation")
 REQUIRED_BY_MODE = {
