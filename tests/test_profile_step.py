@@ -45,3 +45,16 @@ def test_profile_of_a_tiny_vit_step_accounts_for_its_time():
   assert 1 <= len(ops) <= 5
   shares = [op["share"] for op in ops]
   assert shares == sorted(shares, reverse=True) and 0 < shares[0] <= 1
+
+
+@pytest.mark.slow
+def test_profile_of_a_tiny_eval_step_has_only_forward_passes():
+  config = load_config("tiny_config")
+  lines = profile_step.run(
+    config, mode="shared", batch=8, steps=1, warmup=1, top=3, evaluation=True, emit=lambda _: None
+  )
+  header, by_category, by_pass, by_model, *ops = lines
+  assert header["step"] == "eval" and header["batch"] == config.data.eval_batch_size
+  assert header["ops_traced"] > 0 and "matmul" in by_category["by_category"]
+  assert "backward" not in by_pass["by_pass"] and "forward" in by_pass["by_pass"]
+  assert {"vit", "agent"} <= set(by_model["by_model"])

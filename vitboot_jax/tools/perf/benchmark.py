@@ -260,6 +260,17 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
   return {"loop_step_s": (time.perf_counter() - start) / steps, "loop_data_s": data_s / steps}
 
 
+def eval_forward(step: CompiledStep) -> tuple[Any, Callable[[], Any]]:
+  """(compiled eval step, a call of it on a synthetic batch of data.eval_batch_size)."""
+  config, mesh = step.config, step.mesh
+  params, stats = step.state.params, step.state.batch_stats
+  batch = int(config.data.eval_batch_size)
+  synthetic = synthetic_batch(config, batch, mesh)
+  synthetic["mask"] = sharding.global_batch({"mask": np.ones((batch,), np.float32)}, mesh)["mask"]
+  compiled = step.trainer.eval_step.lower(params, stats, synthetic).compile()
+  return compiled, lambda: compiled(params, stats, synthetic)
+
+
 def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
   """A full evaluation of the eval split as train.py runs it (twice: decode, then cache)."""
   from vitboot_jax import input_pipeline  # TensorFlow only when real data is asked for.
@@ -268,11 +279,8 @@ def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
   eval_step = step.trainer.eval_step
   params, stats = step.state.params, step.state.batch_stats
   batch = int(config.data.eval_batch_size)
-  synthetic = synthetic_batch(config, batch, mesh)
-  synthetic["mask"] = sharding.global_batch({"mask": np.ones((batch,), np.float32)}, mesh)["mask"]
-  forward = statistics.median(
-    _time_calls(lambda: eval_step(params, stats, synthetic), forward_steps, warmup=1)
-  )
+  _, call = eval_forward(step)
+  forward = statistics.median(_time_calls(call, forward_steps, warmup=1))
   dataset = input_pipeline.eval_dataset(config)
   passes = []
   for _ in range(2):

@@ -1,7 +1,10 @@
-r"""Where the train step's time goes: a jax.profiler trace of a few steps, summed per XLA op.
+r"""Where a step's time goes: a jax.profiler trace of a few steps, summed per XLA op.
 
   python -m vitboot_jax.tools.perf.profile_step --config=configs/vits_cifar100.py --mode vit \
-    --batch 32 --steps 3 [--dtype bfloat16] [--top 20] [--trace_dir DIR]
+    --batch 32 --steps 3 [--dtype bfloat16] [--top 20] [--trace_dir DIR] [--eval]
+
+--eval profiles the mode's eval step (all its models' forward passes, compiled as train.py
+compiles it) on a synthetic batch of config.data.eval_batch_size instead of the train step.
 
 The step is compiled exactly as the benchmark compiles it (`benchmark.compile_mode_step`), run
 `--warmup` times, then traced for `--steps` steps. Every traced event whose name is an
@@ -135,7 +138,7 @@ def pass_of(source: str) -> str:
   """Forward, backward or optimizer, from the JAX name stack of the instruction."""
   if "transpose(" in source:
     return "backward"
-  if "jvp(" in source or "vmap(" in source or "/vit/" in source or "/agent/" in source:
+  if "jvp(" in source or "vmap(" in source or model_of(source) != "other":
     return "forward"
   if not source:
     return "unknown"
@@ -143,7 +146,9 @@ def pass_of(source: str) -> str:
 
 
 def model_of(source: str) -> str:
-  """Which model's code the instruction came from, from the name stack."""
+  """Which model's code the instruction came from, from the name stack (the train step's
+  scopes say "vit"/"agent", the eval step's module names "ViT"/"Agent")."""
+  source = source.lower()
   for model in ("vit", "agent"):
     if f"/{model}/" in source or f"({model})" in source or source.startswith(f"{model}/"):
       return model
@@ -223,23 +228,29 @@ def run(
   top: int = 20,
   dtype: str | None = None,
   trace_dir: str | None = None,
+  evaluation: bool = False,
   emit: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-  """Traces `steps` steps of one mode and emits the per-op breakdown (see the module doc)."""
+  """Traces `steps` steps of one mode (its eval step with `evaluation`, on a synthetic batch of
+  config.data.eval_batch_size) and emits the per-op breakdown (see the module doc)."""
   if steps < 1:
     raise ValueError(f"--steps={steps} must be at least 1")
   mesh = sharding.make_mesh()
   step = benchmark.compile_mode_step(config, mode, mesh, batch=batch, dtype=dtype)
-  instructions = parse_hlo(step.compiled.as_text())
+  compiled, call = step.compiled, step
+  if evaluation:
+    compiled, call = benchmark.eval_forward(step)
+    batch = int(step.config.data.eval_batch_size)
+  instructions = parse_hlo(compiled.as_text())
   for _ in range(warmup):
-    jax.block_until_ready(step())
+    jax.block_until_ready(call())
   with tempfile.TemporaryDirectory() as scratch:
     directory = pathlib.Path(trace_dir or scratch)
     times = []
     with jax.profiler.trace(str(directory)):
       for _ in range(steps):
         start = time.perf_counter()
-        jax.block_until_ready(step())
+        jax.block_until_ready(call())
         times.append(time.perf_counter() - start)
     seconds = attribute(read_events(directory), instructions, steps)
   if not seconds:
@@ -251,6 +262,7 @@ def run(
   traced = sum(seconds.values())
   header = {
     "mode": mode,
+    "step": "eval" if evaluation else "train",
     "batch": batch,
     "image_size": step.config.image_size,
     "compute_dtype": step.config.compute_dtype,
@@ -282,6 +294,9 @@ def define_flags() -> None:
   _FLAGS["dtype"] = flags.DEFINE_enum(
     "dtype", None, ["float32", "bfloat16"], "Sets config.compute_dtype."
   )
+  _FLAGS["eval"] = flags.DEFINE_bool(
+    "eval", False, "Profile the mode's eval step (batch: config.data.eval_batch_size) instead."
+  )
   _FLAGS["trace_dir"] = flags.DEFINE_string(
     "trace_dir", None, "Keep the trace here (for TensorBoard/XProf); default: a temp dir."
   )
@@ -302,6 +317,7 @@ def main(argv: Sequence[str]) -> None:
     top=value["top"],
     dtype=value["dtype"],
     trace_dir=value["trace_dir"],
+    evaluation=value["eval"],
     emit=functools.partial(print, flush=True),
   )
 
