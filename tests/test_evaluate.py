@@ -1,11 +1,15 @@
 """evaluate.evaluate: exact per-example means, and the device kept busy while the host fetches."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vitboot_jax import evaluate
+from tests.config_files import load_config
+from vitboot_jax import evaluate, sharding
+from vitboot_jax.tools.perf import benchmark
 
 
 def _step(params, batch_stats, batch):
@@ -63,3 +67,25 @@ def test_sums_are_fetched_behind_the_dispatch_and_the_run_ahead_is_bounded(monke
 def test_an_empty_split_is_refused():
   with pytest.raises(ValueError, match="evaluation split is empty"):
     evaluate.evaluate(_step, None, None, iter([]))
+
+
+def test_label_rank_orders_as_top_k_ties_included():
+  rng = np.random.default_rng(2)
+  logits = jnp.asarray(rng.integers(0, 4, (256, 10)).astype(np.float32))  # Many ties.
+  labels = jnp.asarray(rng.integers(0, 10, 256))
+  rank = evaluate.label_rank(logits, labels)
+  top5 = jax.lax.top_k(logits, 5)[1]
+  np.testing.assert_array_equal(rank == 0, top5[:, 0] == labels)
+  np.testing.assert_array_equal(rank < 5, jnp.any(top5 == labels[:, None], axis=-1))
+  bad = logits.at[0, 3].set(jnp.nan).at[1, 0].set(jnp.inf)
+  assert not jnp.any(evaluate.label_rank(bad, labels)[:2] < 5)
+
+
+def test_sharded_eval_step_gathers_nothing():
+  """Every model's sums need only an all-reduce over the batch shards."""
+  config = load_config("tiny_config")
+  step = benchmark.compile_mode_step(config, "shared", sharding.make_mesh(), batch=16)
+  compiled, _ = benchmark.eval_forward(step)
+  ops = set(re.findall(r"\b([a-z][a-z-]*)\(", compiled.as_text()))
+  assert not ops & {"all-gather", "all-gather-start", "collective-permute", "all-to-all"}
+  assert ops & {"all-reduce", "all-reduce-start"}

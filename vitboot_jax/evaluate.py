@@ -18,6 +18,19 @@ import numpy as np
 from vitboot_jax.models.build import ModelSet
 
 
+def label_rank(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Each label's position in lax.top_k's order of its row (larger first, ties to the lower
+  class index); a row with a non-finite logit ranks beyond every k. Row-local, so a
+  batch-sharded step needs no gather (XLA does not partition top_k: it gathered every device's
+  logits)."""
+  num_classes = logits.shape[-1]
+  label_logit = jnp.take_along_axis(logits, labels[:, None], axis=-1)
+  classes = jnp.arange(num_classes)
+  tied_before = (logits == label_logit) & (classes < labels[:, None])
+  rank = jnp.sum((logits > label_logit) | tied_before, axis=-1)
+  return jnp.where(jnp.all(jnp.isfinite(logits), axis=-1), rank, jnp.iinfo(rank.dtype).max)
+
+
 def make_eval_step(
   models: ModelSet, prepare: Callable[[jax.Array], jax.Array] | None = None
 ) -> Callable[[Any, Any, dict[str, jax.Array]], dict]:
@@ -34,12 +47,12 @@ def make_eval_step(
     labels = batch["label"]
     sums = {"count": jnp.sum(mask)}
     for name, (logits, _) in outputs.items():
-      top5 = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]
+      rank = label_rank(logits, labels)
       log_probs = jax.nn.log_softmax(logits)
       ce = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
       sums[name] = {
-        "top1": jnp.sum(mask * (top5[:, 0] == labels)),
-        "top5": jnp.sum(mask * jnp.any(top5 == labels[:, None], axis=-1)),
+        "top1": jnp.sum(mask * (rank == 0)),
+        "top5": jnp.sum(mask * (rank < 5)),
         "ce": jnp.sum(mask * ce),
       }
     return sums
