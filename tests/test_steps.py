@@ -1,7 +1,6 @@
 """The training step: official loss terms and gradients, Align, private leaves, modes, sharding."""
 
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from tests import golden
+from tests import golden, hlo
 from tests.config_files import load_config
 from vitboot_jax import optim, sharding, steps
 from vitboot_jax.models import convert, sharing
@@ -314,8 +313,7 @@ def test_data_parallel_step_communicates_only_by_all_reduce(mode, kernels):
   config = load_config("tiny_config", f"mode={mode.removesuffix('_noalign')}")
   config.kernels = kernels
   step = benchmark.compile_mode_step(config, mode, sharding.make_mesh(), batch=16)
-  ops = re.findall(r"\b([a-z][a-z-]*)\(", step.compiled.as_text())
-  found = {op.removesuffix("-start").removesuffix("-done") for op in ops}
+  found = hlo.opcodes(step.compiled)
   collectives = found & {"all-gather", "collective-permute", "all-to-all", "reduce-scatter"}
   assert not collectives, f"{mode} ({kernels} kernels): {sorted(collectives)}"
   assert "all-reduce" in found
