@@ -39,7 +39,7 @@ done
 tests=(tests/test_kernels.py tests/test_steps.py tests/test_methods.py tests/test_models.py
   tests/test_losses.py tests/test_align.py tests/test_conv.py tests/test_softmax_attention.py
   tests/test_attention_chunks.py tests/test_matmul.py tests/test_drloc.py tests/test_entmax.py
-  tests/test_pretrained.py tests/test_optim.py tests/test_cnn_baselines.py)
+  tests/test_pretrained.py tests/test_optim.py tests/test_cnn_baselines.py tests/test_evaluate.py)
 run tests.log "${pytest[@]}" -m "not slow" "${tests[@]}"
 big=$((batch > 0 ? batch * 4 : 256))
 for dtype in float32 bfloat16; do
