@@ -2,6 +2,11 @@
 
 import re
 
+# Collectives that move activations between devices; a batch-sharded step needs all-reduces only.
+GATHERS_AND_EXCHANGES = frozenset(
+  {"all-gather", "collective-permute", "all-to-all", "reduce-scatter"}
+)
+
 
 def opcodes(compiled) -> set[str]:
   ops = re.findall(r"\b([a-z][a-z-]*)\(", compiled.as_text())

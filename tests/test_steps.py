@@ -314,7 +314,7 @@ def test_data_parallel_step_communicates_only_by_all_reduce(mode, kernels):
   config.kernels = kernels
   step = benchmark.compile_mode_step(config, mode, sharding.make_mesh(), batch=16)
   found = hlo.opcodes(step.compiled)
-  collectives = found & {"all-gather", "collective-permute", "all-to-all", "reduce-scatter"}
+  collectives = found & hlo.GATHERS_AND_EXCHANGES
   assert not collectives, f"{mode} ({kernels} kernels): {sorted(collectives)}"
   assert "all-reduce" in found
 
