@@ -1,8 +1,11 @@
 """Test set-up: 8 fake CPU devices (or the accelerator, with JAX_PLATFORMS set empty), full
 float32 matmuls on accelerators, TensorFlow kept off accelerators, paths to ../shared."""
 
+import atexit
 import os
 import pathlib
+import shutil
+import tempfile
 
 # Must happen before jax is imported anywhere: every test sees 8 CPU devices, so sharding code
 # runs exactly as on an 8-accelerator host.
@@ -11,6 +14,11 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# One persistent compilation cache per test session, inherited by every subprocess run: the
+# end-to-end tests start ~50 processes that compile the same tiny steps from scratch.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitboot_jax_test_cache_")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 
