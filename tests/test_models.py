@@ -89,7 +89,9 @@ def test_conv_equals_shifted_sum(heads, scheme, kernels):
   np.testing.assert_allclose(got, ref + bias, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("heads, scheme", [(9, "official"), (6, "official"), (4, "centered")])
+@pytest.mark.parametrize(
+  "heads, scheme", [(9, "official"), (6, "official"), (4, "centered"), (12, "centered")]
+)
 @pytest.mark.parametrize("kernels", [kernels_lib.XLA, kernels_lib.CPU], ids=["xla", "cpu"])
 def test_shared_conv_equals_conv_over_product_taps(heads, scheme, kernels):
   rng = np.random.default_rng(heads)
@@ -122,6 +124,21 @@ def test_shared_conv_equals_conv_over_product_taps(heads, scheme, kernels):
   # Two matmuls, no convolution.
   jaxpr = str(jax.make_jaxpr(shared)(x, w_v, w_o))
   assert "conv_general_dilated" not in jaxpr and jaxpr.count("dot_general") == 2
+
+
+@pytest.mark.parametrize("heads, scheme", [(9, "official"), (6, "official"), (12, "centered")])
+def test_shift_heads_backward_is_autodiffs_transpose_exactly(heads, scheme):
+  k, positions = agent_lib.tap_positions(heads, scheme)
+  rng = np.random.default_rng(heads)
+  values, cotangent = (
+    jnp.asarray(rng.normal(size=(2, 7, 6, 3 * heads)), jnp.float32) for _ in "ab"
+  )
+  custom = jax.jit(lambda v: agent_lib.shift_heads(v, positions, (k - 1) // 2))
+  plain = jax.jit(lambda v: agent_lib.shift_heads.fun(v, positions, (k - 1) // 2))
+  np.testing.assert_array_equal(custom(values), plain(values))
+  got = jax.vjp(custom, values)[1](cotangent)[0]
+  np.testing.assert_array_equal(got, jax.vjp(plain, values)[1](cotangent)[0])
+  assert np.count_nonzero(got) < got.size  # Border entries that no tap reads get zero.
 
 
 def test_tap_positions():
