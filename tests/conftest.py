@@ -15,7 +15,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # One persistent compilation cache per test session, inherited by every subprocess run: the
-# end-to-end tests start ~50 processes that compile the same tiny steps from scratch.
+# end-to-end tests start dozens of processes that compile the same tiny steps from scratch.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitboot_jax_test_cache_")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
