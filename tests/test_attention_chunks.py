@@ -73,7 +73,12 @@ def test_chunk_masks_are_the_whole_batch_masks():
 
 
 def _cpu(budget: int, shards: int) -> kernels_lib.Kernels:
-  return dataclasses.replace(kernels_lib.CPU, attention_chunk_bytes=budget, batch_shards=shards)
+  return dataclasses.replace(
+    kernels_lib.CPU,
+    attention_chunk_bytes=budget,
+    attention_whole_batch_bytes=0,
+    batch_shards=shards,
+  )
 
 
 def test_images_per_chunk_budget_and_devices():
@@ -88,6 +93,17 @@ def test_images_per_chunk_budget_and_devices():
   assert vit_lib.images_per_chunk(kernels, 16, 3, 50) == 8
   # The xla set never slices.
   assert vit_lib.images_per_chunk(kernels_lib.XLA, 64, 3, 5) == 64
+
+
+def test_cpu_set_keeps_a_small_batchs_training_attention_whole():
+  cpu = dataclasses.replace(kernels_lib.CPU, batch_shards=2)
+  # Quickstart (9 heads, 65 tokens), batch 64 on two devices: 4.9 MB per device, one op.
+  assert vit_lib.images_per_chunk(cpu, 64, 9, 65) == 64
+  # Twice the batch per device: slices within the budget; evaluation keeps its own budget.
+  assert vit_lib.images_per_chunk(cpu, 128, 9, 65) == 32
+  assert vit_lib.images_per_chunk(cpu, 64, 9, 65, train=False) == 64
+  # 16x16 tokens (257): one image per device per slice.
+  assert vit_lib.images_per_chunk(cpu, 64, 9, 257) == 2
 
 
 @pytest.mark.slow

@@ -74,7 +74,7 @@ def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
     vit_lib, "attend_in_chunks", lambda *a, **k: traced.append(1) or original(*a, **k)
   )
   # A budget of one image: tiny_config's batch of 16 on 8 devices is sliced in two loop steps.
-  cpu = dataclasses.replace(kernels_lib.CPU, attention_chunk_bytes=1)
+  cpu = dataclasses.replace(kernels_lib.CPU, attention_chunk_bytes=1, attention_whole_batch_bytes=0)
   monkeypatch.setitem(kernels_lib.SETS, "cpu", cpu)
   printed = []
   rows = kernel_ab.run(

@@ -43,6 +43,8 @@ class Kernels:
     forward (evaluation), as (name, value) pairs.
   attention_chunk_bytes: > 0 runs training attention in rematerialised batch slices whose
     attention matrices take at most this many bytes (models/vit.py); 0 keeps one whole-batch op.
+  attention_whole_batch_bytes: training attention stays one op on each device's whole batch
+    (no slices, no rematerialisation) while its attention matrices take at most this many bytes.
   inference_attention_chunk_bytes: the same for evaluation (slices without rematerialisation).
   conv_slice_bytes: > 0 runs float32 stride-1 convolutions whose batch input is too large for
     the cache in batch slices of at most this many bytes (models/conv.BatchSlices); the set's
@@ -63,6 +65,7 @@ class Kernels:
   softmax_attention: Callable[..., jax.Array] | None = None
   inference_compiler_options: tuple[tuple[str, Any], ...] = ()
   attention_chunk_bytes: int = 0
+  attention_whole_batch_bytes: int = 0
   inference_attention_chunk_bytes: int = 0
   conv_slice_bytes: int = 0
   batch_shards: int = 1
@@ -163,6 +166,8 @@ XLA = Kernels(
 # Training attention on CPU runs over slices of the batch whose attention matrices take at
 # most this many bytes each, so logits and probabilities stay in cache from forward to backward.
 CPU_ATTENTION_CHUNK_BYTES = 3 * 2**20
+# A small batch's attention is cheaper in one op than in slices recomputed in backward.
+CPU_ATTENTION_WHOLE_BATCH_BYTES = 6 * 2**20
 # Evaluation keeps no backward: larger slices pay (docs/performance.md).
 CPU_INFERENCE_ATTENTION_CHUNK_BYTES = 24 * 2**20
 # XLA:CPU's convolutions slow down once a batch's activations leave the cache.
@@ -181,6 +186,7 @@ CPU = Kernels(
   # agent's convolution blocks slower than its other emitters (training steps: no difference).
   inference_compiler_options=(("xla_cpu_experimental_ynn_fusion_type", ""),),
   attention_chunk_bytes=CPU_ATTENTION_CHUNK_BYTES,
+  attention_whole_batch_bytes=CPU_ATTENTION_WHOLE_BATCH_BYTES,
   inference_attention_chunk_bytes=CPU_INFERENCE_ATTENTION_CHUNK_BYTES,
   conv_slice_bytes=CPU_CONV_SLICE_BYTES,
   # The host's batch work and the forward pass share the same cores: running ahead cost 1-4%.

@@ -30,14 +30,18 @@ def images_per_chunk(
   """The largest slice of the batch whose [heads, T, T] attention fits the kernels' budget
   (training's or evaluation's).
 
-  Returns `batch` (one slice) when the set does not chunk attention. The slice is a multiple
-  of `kernels.batch_shards` when the batch is (data-parallel runs), so every slice has the same
+  Returns `batch` (one slice) when the set does not chunk attention, or, in training, when each
+  device's share fits `kernels.attention_whole_batch_bytes`. The slice is a multiple of
+  `kernels.batch_shards` when the batch is (data-parallel runs), so every slice has the same
   number of images on each device and the loop needs no communication.
   """
   budget = kernels.attention_chunk_bytes if train else kernels.inference_attention_chunk_bytes
   if not budget:
     return batch
   per_image = heads * tokens * tokens * itemsize
+  shards = kernels.batch_shards if batch % kernels.batch_shards == 0 else 1
+  if train and batch // shards * per_image <= kernels.attention_whole_batch_bytes:
+    return batch
   return common.images_per_slice(batch, per_image, budget, kernels.batch_shards)
 
 
