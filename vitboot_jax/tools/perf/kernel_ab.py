@@ -5,7 +5,8 @@ r"""A/B of one kernel choice of the models: the train step with the new and the 
 
 Switches (SWITCHES), each a change of the kernel record (models/kernels.py) of the mesh:
 `kernels`, the cpu set against the xla set (the `config.kernels` flip); `attention_chunks`,
-training attention in rematerialised batch slices against the whole-batch attention (cpu set);
+the cpu set's training attention (rematerialised batch slices once a device's share exceeds
+its whole-batch threshold) against whole-batch attention;
 `erf_gelu`, GELU written with erf (models/common.py) against jax's erfc form (cpu set);
 `bf16_matmuls`, the cpu set with float32 operands of its einsums and Dense layers rounded to
 bfloat16 (float32 sums; models/matmul.py `bf16_einsum`) against the plain cpu set;
