@@ -39,10 +39,11 @@ def images_per_chunk(
   if not budget:
     return batch
   per_image = heads * tokens * tokens * itemsize
-  shards = kernels.batch_shards if batch % kernels.batch_shards == 0 else 1
-  if train and batch // shards * per_image <= kernels.attention_whole_batch_bytes:
+  shards = kernels.batch_shards
+  whole = common.images_per_slice(batch, per_image, kernels.attention_whole_batch_bytes, shards)
+  if train and whole == batch:
     return batch
-  return common.images_per_slice(batch, per_image, budget, kernels.batch_shards)
+  return common.images_per_slice(batch, per_image, budget, shards)
 
 
 def attend(
