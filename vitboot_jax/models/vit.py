@@ -40,8 +40,8 @@ def images_per_chunk(
     return batch
   per_image = heads * tokens * tokens * itemsize
   shards = kernels.batch_shards
-  whole = common.images_per_slice(batch, per_image, kernels.attention_whole_batch_bytes, shards)
-  if train and whole == batch:
+  whole_bytes = kernels.attention_whole_batch_bytes
+  if train and common.images_per_slice(batch, per_image, whole_bytes, shards) == batch:
     return batch
   return common.images_per_slice(batch, per_image, budget, shards)
 
