@@ -6,10 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from tests import without_tensorflow
 from tests.test_benchmark import load_config
 from vitboot_jax.tools.perf import profile_step
-
-pytest.importorskip("tensorflow")
 
 
 def test_parse_hlo_folds_fused_computations_into_their_fusion():
@@ -25,6 +24,27 @@ def test_parse_hlo_folds_fused_computations_into_their_fusion():
   # The erf of the exact GELU shows up in its own category or fused into the matmul.
   sources = " ".join(e["source"] + " ".join(e["fused_sources"]) for e in instructions.values())
   assert "transpose(" in sources or "jvp(" in sources  # JAX name stacks survive in metadata.
+
+
+def test_trace_is_read_and_attributed_without_tensorflow():
+  """Accelerator hosts often have jax but no TensorFlow: the profiler must not need it."""
+  proc = without_tensorflow.run(
+    "import pathlib, tempfile, jax, jax.numpy as jnp\n"
+    "from vitboot_jax.tools.perf import profile_step\n"
+    "f = jax.jit(lambda x: jnp.tanh(x @ x).sum())\n"
+    "x = jnp.ones((128, 128))\n"
+    "instructions = profile_step.parse_hlo(f.lower(x).compile().as_text())\n"
+    "f(x).block_until_ready()\n"
+    "with tempfile.TemporaryDirectory() as d:\n"
+    "  with jax.profiler.trace(d):\n"
+    "    f(x).block_until_ready()\n"
+    "  events = profile_step.read_events(pathlib.Path(d))\n"
+    "  seconds = profile_step.attribute(events, instructions, 1)\n"
+    "assert 'tensorflow' not in sys.modules\n"
+    "print(sorted({profile_step.categorise(instructions[n]) for n in seconds}))\n"
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "matmul" in proc.stdout, proc.stdout
 
 
 @pytest.mark.slow

@@ -1,8 +1,6 @@
 """The training step: official loss terms and gradients, Align, private leaves, modes, sharding."""
 
 import pathlib
-import subprocess
-import sys
 
 import chex
 import jax
@@ -11,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from tests import golden, hlo
+from tests import golden, hlo, without_tensorflow
 from tests.config_files import load_config
 from vitboot_jax import optim, sharding, steps
 from vitboot_jax.models import convert, sharing
@@ -322,17 +320,9 @@ def test_data_parallel_step_communicates_only_by_all_reduce(mode, kernels):
 def test_steps_and_benchmark_need_no_tensorflow():
   """TensorFlow is only the input pipeline: an accelerator host without it still builds, jits
   and benchmarks every step (launch/accelerator_check.sh)."""
-  code = (
-    "import sys\n"
-    "class NoTF:\n"
-    "  def find_spec(self, name, path=None, target=None):\n"
-    "    if name.split('.')[0] in ('tensorflow', 'tensorflow_datasets'):\n"
-    "      raise ImportError(name)\n"
-    "sys.meta_path.insert(0, NoTF())\n"
+  proc = without_tensorflow.run(
     "import vitboot_jax.trainer, vitboot_jax.steps, vitboot_jax.tools.perf.benchmark\n"
     "import vitboot_jax.tools.perf.lowering\n"
     "assert 'tensorflow' not in sys.modules\n"
   )
-  root = pathlib.Path(__file__).resolve().parents[1]
-  proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]
