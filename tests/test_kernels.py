@@ -85,11 +85,11 @@ def test_xla_bf16_products_sum_in_float32_with_jax_derivatives():
   assert grads[0].dtype == jnp.bfloat16 and grads[1].dtype == jnp.bfloat16
 
 
-def test_xla_dropout_keeps_the_expectation():
+def test_threefry_dropout_keeps_the_expectation():
   x = jnp.ones((1000, 100))
-  y = kernels_lib.xla_dropout(x, 0.25, jax.random.key(0))
+  y = kernels_lib.threefry_dropout(x, 0.25, jax.random.key(0))
   kept = np.asarray(y) > 0
   assert abs(kept.mean() - 0.75) < 0.01
   np.testing.assert_allclose(np.asarray(y)[kept], 1 / 0.75, rtol=1e-6)
   with pytest.raises(ValueError, match="whole-batch"):
-    kernels_lib.xla_dropout(x, 0.25, jax.random.key(0), rows=jnp.arange(1000), num_rows=1000)
+    kernels_lib.threefry_dropout(x, 0.25, jax.random.key(0), rows=jnp.arange(1000), num_rows=1000)

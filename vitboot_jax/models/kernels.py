@@ -2,10 +2,11 @@
 
 `XLA`: plain lax / flax ops, what GPUs and TPUs run (cuDNN convolutions, the TPU matrix and
 convolution units, XLA's fused attention). 16-bit floats go through `dot_general` with
-float32 accumulation (`preferred_element_type`) and jax's own derivatives.
+float32 accumulation (`preferred_element_type`) and jax's own derivatives. Dropout masks come
+from a counter hash (models/common.py) that fuses into the select applying them: no
+threefry bits written out per element.
 `CPU`: the kernels that pay on XLA:CPU (models/matmul.py, models/conv.py,
-models/softmax_attention.py, the erf GELU, hashed dropout masks, attention in cache-sized
-batch slices).
+models/softmax_attention.py, the erf GELU, attention in cache-sized batch slices).
 
 Models take the record as a field and never look at the backend; `for_devices` picks the set
 from the devices a step runs on (the mesh). MAC counts (models/costs.py) use `XLA`.
@@ -137,12 +138,13 @@ def xla_gelu(x: jax.Array) -> jax.Array:
   return jax.nn.gelu(x, approximate=False)
 
 
-def xla_dropout(
+def threefry_dropout(
   x: jax.Array, rate: float, key: jax.Array, rows: jax.Array | None = None, num_rows: int = 0
 ) -> jax.Array:
-  """Inverted dropout with a threefry Bernoulli mask (nn.Dropout's); no sliced masks."""
+  """Inverted dropout with nn.Dropout's threefry Bernoulli mask; no sliced masks. Not in a set:
+  the baseline the hashed masks are measured against (tools/perf/kernel_ab hashed_dropout)."""
   if rows is not None:
-    raise ValueError("the xla kernels draw whole-batch dropout masks; they do not slice attention")
+    raise ValueError("threefry_dropout draws whole-batch masks; it does not slice attention")
   if rate == 0.0:
     return x
   if rate >= 1.0:
@@ -160,7 +162,7 @@ XLA = Kernels(
   taps_conv=xla_taps_conv,
   max_pool=xla_max_pool,
   gelu=xla_gelu,
-  dropout=xla_dropout,
+  dropout=common.dropout,
 )
 
 # Training attention on CPU runs over slices of the batch whose attention matrices take at

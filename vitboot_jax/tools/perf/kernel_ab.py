@@ -12,6 +12,8 @@ its whole-batch threshold) against whole-batch attention;
 bfloat16 (float32 sums; models/matmul.py `bf16_einsum`) against the plain cpu set;
 `softmax_backward`, the cpu set's training attention with its backward written out
 (models/softmax_attention.py) against autodiff of softmax;
+`hashed_dropout`, the xla set's dropout masks (a counter hash fused into the select that applies
+them, models/common.py) against nn.Dropout's threefry Bernoulli masks;
 `forward_convs`, the cpu set's convolutions (XLA's convolution forward and for the input
 gradient, matmuls for the kernel gradient) against matmuls in both passes;
 `conv_slices`, the cpu set's stride-1 XLA convolutions in batch slices when the batch is too
@@ -74,6 +76,7 @@ SWITCHES: dict[str, tuple[Callable[[Kernels], Kernels], Callable[[Kernels], Kern
     ),
   ),
   "softmax_backward": (_set("cpu"), _set("cpu", softmax_attention=None)),
+  "hashed_dropout": (_set("xla"), _set("xla", dropout=kernels_lib.threefry_dropout)),
   "forward_convs": (
     _set("cpu"),
     _set(

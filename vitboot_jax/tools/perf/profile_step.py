@@ -35,7 +35,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from absl import app, flags
@@ -67,7 +67,7 @@ _DATA_MOVEMENT = {
 }
 # Opcodes whose events contain their callees' events: counting both would count twice.
 _CONTAINERS = {"while", "conditional", "call", "async-start", "async-done"}
-_RANDOM_MARKERS = ("threefry", "random_bits", "rng-bit-generator", "random_wrap")
+_RANDOM_MARKERS = ("threefry", "random_bits", "rng-bit-generator", "random_wrap", "bernoulli")
 
 _INSTRUCTION = re.compile(
   r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+(?P<opcode>[a-z][\w\-]*)\("
@@ -114,9 +114,11 @@ def categorise(entry: dict[str, Any]) -> str:
   """What an instruction spends its time on, in the terms a model author thinks in."""
   opcodes = entry["fused"] | {entry["opcode"]} - {"fusion"}
   sources = " ".join([entry["source"], *entry["fused_sources"]])
-  if "convolution" in opcodes:
+  # A custom call is a library kernel (cuDNN, cuBLAS): what it computes is in its JAX source.
+  library = entry["opcode"] == "custom-call"
+  if "convolution" in opcodes or (library and "conv_general_dilated" in sources):
     return "convolution"
-  if "dot" in opcodes:
+  if "dot" in opcodes or (library and "dot_general" in sources):
     return "matmul"
   if any(marker in sources for marker in _RANDOM_MARKERS) or "rng-bit-generator" in opcodes:
     return "random bits (dropout, drop-path)"
@@ -156,35 +158,74 @@ def model_of(source: str) -> str:
   return "other"
 
 
-def read_events(trace_dir: pathlib.Path) -> Iterable[tuple[str, int]]:
-  """(event name, duration in ps) of the op events of every XPlane file under `trace_dir`.
+class Event(NamedTuple):
+  """One traced op: the names it may go by, its duration, whether a device ran it."""
+
+  names: tuple[str, ...]
+  duration_ps: int
+  on_device: bool
+
+
+def _kernel_names(event: Any) -> tuple[str, ...]:
+  """A device kernel's possible HLO names: its `hlo_op` stat (absent or a command buffer's name
+  when it ran inside a CUDA graph), its own name, and that name with XLA's kernel spelling undone
+  (`loop_add_fusion_80` is instruction `loop_add_fusion.80`)."""
+  stats = dict(event.stats)
+  names = [str(stats.get("hlo_op", "")), event.name]
+  stem, _, number = event.name.rpartition("_")
+  if stem and number.isdigit():
+    names.append(f"{stem}.{number}")
+  return tuple(name for name in names if name)
+
+
+def read_events(trace_dir: pathlib.Path) -> Iterable[Event]:
+  """The op events of every XPlane file under `trace_dir`.
 
   Read with JAX's own reader (no TensorFlow), so the tool runs on accelerator machines that have
-  only jax. A plane with an "XLA Ops" line (GPU/TPU devices) counts only that line: its other
-  lines (streams, modules) time the same ops again under kernel names.
+  only jax. Device planes (GPU/TPU) time kernels: an "XLA Ops" line where the runtime writes
+  one, else every line of the plane.
   """
   files = sorted(trace_dir.rglob("*.xplane.pb"))
   if not files:
     raise FileNotFoundError(f"no *.xplane.pb under {trace_dir}: the profiler wrote no trace")
   for file in files:
     for plane in jax.profiler.ProfileData.from_file(str(file)).planes:
+      on_device = plane.name.startswith("/device:")
       lines = list(plane.lines)
       op_lines = [line for line in lines if line.name == "XLA Ops"]
       for line in op_lines or lines:
         for event in line.events:
-          yield event.name, round(event.duration_ns * 1000)
+          names = _kernel_names(event) if on_device else (event.name,)
+          yield Event(names, round(event.duration_ns * 1000), on_device)
+
+
+def library_kernel(name: str) -> dict[str, Any]:
+  """A pseudo-instruction for a device kernel no HLO instruction names: a cuBLAS/cuDNN kernel
+  launched inside a CUDA graph, which the trace records under the graph, not the op."""
+  lowered = name.lower()
+  if any(word in lowered for word in ("fprop", "dgrad", "wgrad", "conv")):
+    fused = {"convolution"}
+  elif "gemm" in lowered or "matmul" in lowered:
+    fused = {"dot"}
+  else:
+    fused = {"custom-call"}
+  return {"opcode": "custom-call", "shape": "", "source": "", "fused": fused, "fused_sources": []}
 
 
 def attribute(
-  events: Iterable[tuple[str, int]], instructions: dict[str, dict[str, Any]], steps: int
+  events: Iterable[Event], instructions: dict[str, dict[str, Any]], steps: int
 ) -> dict[str, float]:
-  """Seconds per step of every HLO instruction that appears in the trace."""
+  """Seconds per step of every HLO instruction that appears in the trace, and of every device
+  kernel that none names (keyed by the kernel's name; see library_kernel)."""
   seconds: dict[str, float] = collections.defaultdict(float)
-  for name, duration_ps in events:
-    entry = instructions.get(name)
-    if entry is None or entry["opcode"] in _CONTAINERS:
+  for event in events:
+    ops = [n for n in event.names if n in instructions]
+    name = next((n for n in ops if instructions[n]["opcode"] not in _CONTAINERS), None)
+    if name is None and event.on_device:
+      name = event.names[-1]
+    elif name is None:
       continue
-    seconds[name] += duration_ps * 1e-12 / steps
+    seconds[name] += event.duration_ps * 1e-12 / steps
   return dict(seconds)
 
 
@@ -201,13 +242,13 @@ def summarise(
   }
   for name, s in seconds.items():
     for group, key in keys.items():
-      label = key(instructions[name])
+      label = key(instructions.get(name) or library_kernel(name))
       groups[group][label] = groups[group].get(label, 0.0) + s
   lines: list[dict[str, Any]] = [
     {group: dict(sorted(values.items(), key=lambda kv: -kv[1]))} for group, values in groups.items()
   ]
   for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:top]:
-    entry = instructions[name]
+    entry = instructions.get(name) or library_kernel(name)
     lines.append(
       {
         "op": name,
