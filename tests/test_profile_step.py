@@ -1,6 +1,7 @@
 """The step profiler: a real trace of a tiny step, attributed to categorised HLO ops."""
 
 import json
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,47 @@ def test_parse_hlo_folds_fused_computations_into_their_fusion():
   # The erf of the exact GELU shows up in its own category or fused into the matmul.
   sources = " ".join(e["source"] + " ".join(e["fused_sources"]) for e in instructions.values())
   assert "transpose(" in sources or "jvp(" in sources  # JAX name stacks survive in metadata.
+
+
+def test_device_kernels_are_attributed_to_instructions_or_kept_as_library_kernels():
+  """On a GPU, kernels in CUDA graphs carry the graph's name (`hlo_op`), XLA's own kernels are
+  their instruction's name spelt with "_", and cuBLAS/cuDNN kernels match no instruction."""
+
+  class Kernel(NamedTuple):
+    name: str
+    stats: tuple
+
+  def entry(opcode, fused=(), source=""):
+    return {
+      "opcode": opcode,
+      "shape": "f32[8]",
+      "source": source,
+      "fused": set(fused),
+      "fused_sources": [],
+    }
+
+  instructions = {
+    "loop_add_fusion.80": entry("fusion", {"add"}),
+    "command_buffer": entry("call"),
+    "cudnn-conv.3": entry("custom-call", source="jit(step)/conv_general_dilated"),
+  }
+  graph = (("hlo_op", "command_buffer"),)
+  events = [
+    profile_step.Event(profile_step._kernel_names(Kernel("loop_add_fusion_80", graph)), 10, True),
+    profile_step.Event(profile_step._kernel_names(Kernel("sm90_xmma_gemm_tn", graph)), 30, True),
+    profile_step.Event(
+      profile_step._kernel_names(Kernel("fprop", (("hlo_op", "cudnn-conv.3"),))), 20, True
+    ),
+    profile_step.Event(("python frame",), 99, False),
+  ]
+  seconds = profile_step.attribute(events, instructions, steps=1)
+  assert seconds == pytest.approx(
+    {"loop_add_fusion.80": 10e-12, "sm90_xmma_gemm_tn": 30e-12, "cudnn-conv.3": 20e-12}
+  )
+  by_category = profile_step.summarise(seconds, instructions, top=0)[0]["by_category"]
+  assert by_category == pytest.approx(
+    {"matmul": 30e-12, "convolution": 20e-12, "other elementwise": 10e-12}
+  )
 
 
 def test_trace_is_read_and_attributed_without_tensorflow():
