@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import jaxprs
 from vitboot_jax.models import conv, kernels
 from vitboot_jax.models.agent import tap_positions
 from vitboot_jax.models.conv import assemble_kernel
@@ -46,16 +47,7 @@ def test_conv_as_matmuls_equals_lax_conv(name, x_shape, kernel_shape, strides, p
 
 def _primitives(fn, *args) -> list[str]:
   """Every primitive `fn` runs, inside custom derivative rules too."""
-  names = []
-
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      names.append(eqn.primitive.name)
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        walk(sub)
-
-  walk(jax.make_jaxpr(fn)(*args).jaxpr)
-  return names
+  return [eqn.primitive.name for eqn in jaxprs.equations(jax.make_jaxpr(fn)(*args))]
 
 
 @pytest.mark.parametrize(

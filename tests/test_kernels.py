@@ -1,6 +1,7 @@
 """The kernel seam: which set a mesh gets, and the xla set's plain ops."""
 
 import ast
+import dataclasses
 import pathlib
 
 import jax
@@ -8,8 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import jaxprs
 from tests.config_files import load_config
 from vitboot_jax.models import kernels as kernels_lib
+from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.build import build_models
 
 MODELS = pathlib.Path(kernels_lib.__file__).parent
@@ -93,3 +96,32 @@ def test_threefry_dropout_keeps_the_expectation():
   np.testing.assert_allclose(np.asarray(y)[kept], 1 / 0.75, rtol=1e-6)
   with pytest.raises(ValueError, match="whole-batch"):
     kernels_lib.threefry_dropout(x, 0.25, jax.random.key(0), rows=jnp.arange(1000), num_rows=1000)
+
+
+def _random_words_per_draw(kernels: kernels_lib.Kernels) -> list[int]:
+  """How many random words each draw of a tiny ViT's training forward asks for."""
+  model = vit_lib.ViT(
+    num_classes=5, patch_size=4, embed_dim=12, depth=2, num_heads=3, mlp_dim=24, dropout=0.1
+  )
+  images = jnp.ones((4, 16, 16, 3))
+  params = model.init(jax.random.key(0), images[:1])["params"]
+
+  def forward(params):
+    return model.clone(kernels=kernels).apply(
+      {"params": params}, images, train=True, rngs={"dropout": jax.random.key(1)}
+    )
+
+  return [
+    int(np.prod(eqn.params["shape"]))
+    for eqn in jaxprs.equations(jax.make_jaxpr(forward)(params))
+    if eqn.primitive.name == "random_bits"
+  ]
+
+
+@pytest.mark.parametrize("name", ["xla", "cpu"])
+def test_dropout_masks_draw_two_words_not_one_per_element(name):
+  """Per-element PRNG bits were 16% of a GPU ViT-S step (docs/accelerators.md): both sets hash."""
+  draws = _random_words_per_draw(kernels_lib.for_platform(name, "cpu"))
+  assert draws and max(draws) <= 2, draws
+  threefry = dataclasses.replace(kernels_lib.XLA, dropout=kernels_lib.threefry_dropout)
+  assert max(_random_words_per_draw(threefry)) > 2  # The check sees per-element bits.

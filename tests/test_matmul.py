@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import jaxprs
 from vitboot_jax.models import matmul
 
 SUBSCRIPTS = ["bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "...k,kn->...n"]
@@ -54,20 +55,11 @@ def test_bfloat16_sums_in_float32_forward_and_backward(subscripts):
   # What makes it fast on CPU: every product of the step, backward included, takes bf16 operands
   # and asks for a float32 result (none multiplies a float32 cotangent by a bf16 operand).
   jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1)))(a, b)
-  dots = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+  dots = [e for e in jaxprs.equations(jaxpr) if e.primitive.name == "dot_general"]
   assert len(dots) == 3
   for dot in dots:
     assert {v.aval.dtype for v in dot.invars} == {jnp.dtype(jnp.bfloat16)}
     assert dot.params["preferred_element_type"] == jnp.float32
-
-
-def _eqns(jaxpr):
-  import jax.extend.core as jex_core
-
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for sub in jex_core.jaxprs_in_params(eqn.params):
-      yield from _eqns(sub)
 
 
 def test_contractions_inside_one_operand_fall_back():
@@ -106,7 +98,7 @@ def test_bf16_einsum_rounds_float32_operands_and_keeps_float32_results(subscript
     assert g.dtype == jnp.float32
     np.testing.assert_allclose(g, r, rtol=0.03, atol=0.03 * np.abs(r).max())
   jaxpr = jax.make_jaxpr(jax.grad(loss(matmul.bf16_einsum), (0, 1)))(a, b)
-  for dot in (e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "dot_general"):
+  for dot in (e for e in jaxprs.equations(jaxpr) if e.primitive.name == "dot_general"):
     assert {v.aval.dtype for v in dot.invars} == {jnp.dtype(jnp.bfloat16)}
     assert dot.params["preferred_element_type"] == jnp.float32
 

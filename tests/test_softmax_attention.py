@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import jaxprs
 from vitboot_jax.models import kernels
 from vitboot_jax.models.softmax_attention import softmax_attention
 from vitboot_jax.models.vit import attend
@@ -38,13 +39,11 @@ def test_values_and_gradients_match_autodiff(dtype, tol):
 
 
 def _reduced_shapes(jaxpr) -> list[tuple[int, ...]]:
-  shapes = []
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "reduce_sum":
-      shapes.append(tuple(eqn.invars[0].aval.shape))
-    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-      shapes.extend(_reduced_shapes(sub))
-  return shapes
+  return [
+    tuple(eqn.invars[0].aval.shape)
+    for eqn in jaxprs.equations(jaxpr)
+    if eqn.primitive.name == "reduce_sum"
+  ]
 
 
 def test_backward_reduces_outputs_not_key_rows():
