@@ -8,9 +8,11 @@
 #    and bfloat16 at BATCH (default: the config's).
 # 3. The fast tier of the tests that need no input pipeline (TensorFlow), on the accelerator.
 # 4. ViT and shared at 4 x BATCH (256 if BATCH is 0), for throughput.
+# 5. Where the ViT and shared steps' time goes, per XLA op or GPU kernel (profile_step).
 # The tests run in full float32 there (tests/conftest.py). Results go to OUT (default
-# workdirs/accelerator_check): devices.txt, golden.log, bench_*.jsonl, tests.log; each part is
-# time-boxed (CHECK_PART_S, default 600 s), so a part that hangs costs only its own results.
+# workdirs/accelerator_check): devices.txt, golden.log, bench_*.jsonl, tests.log,
+# profile_*.jsonl; each part is time-boxed (CHECK_PART_S, default 600 s), so a part that hangs
+# costs only its own results.
 # Needs ../shared/reference/golden, or VITBOOT_SHARED pointing at a copy of ../shared.
 set -uo pipefail
 out=$(realpath -m "${1:-workdirs/accelerator_check}")
@@ -46,5 +48,10 @@ for dtype in float32 bfloat16; do
   run "bench_${dtype}_batch${big}.jsonl" "${bench[@]}" --modes=vit,shared --dtype="$dtype" \
     --batch="$big"
 done
+for mode in vit shared; do
+  run "profile_${mode}.jsonl" python -m vitboot_jax.tools.perf.profile_step "--config=$config" \
+    --mode="$mode" --batch="$batch" --steps=3 --warmup=2 --top=15
+done
 grep -h '"mode"\|"summary"\|peak_matmul' "$out"/bench_*.jsonl | cut -c1-400
+head -n 2 "$out"/profile_*.jsonl | cut -c1-400
 tail -n 3 "$out/golden.log" "$out/tests.log"
