@@ -27,6 +27,22 @@ def test_parse_hlo_folds_fused_computations_into_their_fusion():
   assert "transpose(" in sources or "jvp(" in sources  # JAX name stacks survive in metadata.
 
 
+def test_parse_hlo_reads_headers_with_long_parameter_lists():
+  """XLA numbers long parameter lists with /*index=N*/ comments, the only "=" in a header."""
+  params = ", ".join(f"p{i}: u32[1]" for i in range(7))
+  text = (
+    f"%fused_xor ({params.replace('p5', '/*index=5*/p5')}) -> u32[8] {{\n"
+    "  %p0 = u32[1]{0} parameter(0)\n"
+    "  ROOT %x = u32[8]{0} xor(%p0, %p0)\n"
+    "}\n\n"
+    "ENTRY %main (a: u32[1]) -> u32[8] {\n"
+    "  ROOT %loop_xor_fusion = u32[8]{0} fusion(%a), kind=kLoop, calls=%fused_xor\n"
+    "}\n"
+  )
+  fusion = profile_step.parse_hlo(text)["loop_xor_fusion"]
+  assert fusion["fused"] == {"parameter", "xor"}, fusion
+
+
 def test_device_kernels_are_attributed_to_instructions_or_kept_as_library_kernels():
   """On a GPU, kernels in CUDA graphs carry the graph's name (`hlo_op`), XLA's own kernels are
   their instruction's name spelt with "_", and cuBLAS/cuDNN kernels match no instruction."""
@@ -50,21 +66,34 @@ def test_device_kernels_are_attributed_to_instructions_or_kept_as_library_kernel
     "cudnn-conv.3": entry("custom-call", source="jit(step)/conv_general_dilated"),
   }
   graph = (("hlo_op", "command_buffer"),)
+
+  def kernel(name, stats, ps):
+    return profile_step.Event(profile_step._kernel_names(Kernel(name, stats)), ps, kernel=name)
+
   events = [
-    profile_step.Event(profile_step._kernel_names(Kernel("loop_add_fusion_80", graph)), 10, True),
-    profile_step.Event(profile_step._kernel_names(Kernel("sm90_xmma_gemm_tn", graph)), 30, True),
-    profile_step.Event(
-      profile_step._kernel_names(Kernel("fprop", (("hlo_op", "cudnn-conv.3"),))), 20, True
-    ),
-    profile_step.Event(("python frame",), 99, False),
+    kernel("loop_add_fusion_80", graph, 10),
+    kernel("sm90_xmma_gemm_tn_2", graph, 30),
+    kernel("fprop", (("hlo_op", "cudnn-conv.3"),), 20),
+    kernel("memcpy32_post", graph, 5),
+    profile_step.Event(("python frame",), 99),
   ]
   seconds = profile_step.attribute(events, instructions, steps=1)
   assert seconds == pytest.approx(
-    {"loop_add_fusion.80": 10e-12, "sm90_xmma_gemm_tn": 30e-12, "cudnn-conv.3": 20e-12}
+    {
+      "loop_add_fusion.80": 10e-12,
+      "sm90_xmma_gemm_tn_2": 30e-12,
+      "cudnn-conv.3": 20e-12,
+      "memcpy32_post": 5e-12,
+    }
   )
   by_category = profile_step.summarise(seconds, instructions, top=0)[0]["by_category"]
   assert by_category == pytest.approx(
-    {"matmul": 30e-12, "convolution": 20e-12, "other elementwise": 10e-12}
+    {
+      "matmul": 30e-12,
+      "convolution": 20e-12,
+      "other elementwise": 10e-12,
+      "data movement (copy, transpose, pad, slice)": 5e-12,
+    }
   )
 
 

@@ -68,11 +68,13 @@ _DATA_MOVEMENT = {
 # Opcodes whose events contain their callees' events: counting both would count twice.
 _CONTAINERS = {"while", "conditional", "call", "async-start", "async-done"}
 _RANDOM_MARKERS = ("threefry", "random_bits", "rng-bit-generator", "random_wrap", "bernoulli")
+_BIT_OPS = {"xor", "shift-left", "shift-right-logical", "rng-bit-generator"}
 
 _INSTRUCTION = re.compile(
   r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+(?P<opcode>[a-z][\w\-]*)\("
 )
 _COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+_COMMENT = re.compile(r"/\*.*?\*/")
 _CALLS = re.compile(r"calls=%?(?P<callee>[\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="(?P<op_name>[^"]*)"')
 
@@ -101,7 +103,8 @@ def parse_hlo(text: str) -> dict[str, dict[str, Any]]:
       computations.setdefault(current, []).append(entry)
       continue
     match = _COMPUTATION.match(line)
-    if match and "=" not in line.split("{")[0]:
+    # A header's "=" is only ever in its /*index=N*/ comments (long parameter lists).
+    if match and "=" not in _COMMENT.sub("", line).split("{")[0]:
       current = match["name"]
   for entry in instructions.values():
     body = computations.get(entry["callee"] or "", []) if entry["opcode"] == "fusion" else []
@@ -120,7 +123,8 @@ def categorise(entry: dict[str, Any]) -> str:
     return "convolution"
   if "dot" in opcodes or (library and "dot_general" in sources):
     return "matmul"
-  if any(marker in sources for marker in _RANDOM_MARKERS) or "rng-bit-generator" in opcodes:
+  makes_bits = opcodes & _BIT_OPS  # Not the ops that only apply a mask fused with its bits.
+  if (makes_bits and any(m in sources for m in _RANDOM_MARKERS)) or "rng-bit-generator" in opcodes:
     return "random bits (dropout, drop-path)"
   if opcodes & {"all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all"}:
     return "collectives"
@@ -159,11 +163,12 @@ def model_of(source: str) -> str:
 
 
 class Event(NamedTuple):
-  """One traced op: the names it may go by, its duration, whether a device ran it."""
+  """One traced op: the HLO names it may go by, its duration, and on a device its kernel's own
+  name (None on the host)."""
 
   names: tuple[str, ...]
   duration_ps: int
-  on_device: bool
+  kernel: str | None = None
 
 
 def _kernel_names(event: Any) -> tuple[str, ...]:
@@ -195,21 +200,25 @@ def read_events(trace_dir: pathlib.Path) -> Iterable[Event]:
       op_lines = [line for line in lines if line.name == "XLA Ops"]
       for line in op_lines or lines:
         for event in line.events:
-          names = _kernel_names(event) if on_device else (event.name,)
-          yield Event(names, round(event.duration_ns * 1000), on_device)
+          duration_ps = round(event.duration_ns * 1000)
+          if on_device:
+            yield Event(_kernel_names(event), duration_ps, kernel=event.name)
+          else:
+            yield Event((event.name,), duration_ps)
 
 
 def library_kernel(name: str) -> dict[str, Any]:
   """A pseudo-instruction for a device kernel no HLO instruction names: a cuBLAS/cuDNN kernel
   launched inside a CUDA graph, which the trace records under the graph, not the op."""
   lowered = name.lower()
+  opcode, fused = "custom-call", {"custom-call"}
   if any(word in lowered for word in ("fprop", "dgrad", "wgrad", "conv")):
     fused = {"convolution"}
   elif "gemm" in lowered or "matmul" in lowered:
     fused = {"dot"}
-  else:
-    fused = {"custom-call"}
-  return {"opcode": "custom-call", "shape": "", "source": "", "fused": fused, "fused_sources": []}
+  elif "memcpy" in lowered or "memset" in lowered:
+    opcode, fused = "copy", set()
+  return {"opcode": opcode, "shape": "", "source": "", "fused": fused, "fused_sources": []}
 
 
 def attribute(
@@ -221,9 +230,8 @@ def attribute(
   for event in events:
     ops = [n for n in event.names if n in instructions]
     name = next((n for n in ops if instructions[n]["opcode"] not in _CONTAINERS), None)
-    if name is None and event.on_device:
-      name = event.names[-1]
-    elif name is None:
+    name = name or event.kernel
+    if name is None:
       continue
     seconds[name] += event.duration_ps * 1e-12 / steps
   return dict(seconds)
