@@ -68,7 +68,7 @@ def test_device_kernels_are_attributed_to_instructions_or_kept_as_library_kernel
   graph = (("hlo_op", "command_buffer"),)
 
   def kernel(name, stats, ps):
-    return profile_step.Event(profile_step._kernel_names(Kernel(name, stats)), ps, kernel=name)
+    return profile_step.Event(profile_step.kernel_names(Kernel(name, stats)), ps, kernel=name)
 
   events = [
     kernel("loop_add_fusion_80", graph, 10),

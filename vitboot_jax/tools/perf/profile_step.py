@@ -171,7 +171,7 @@ class Event(NamedTuple):
   kernel: str | None = None
 
 
-def _kernel_names(event: Any) -> tuple[str, ...]:
+def kernel_names(event: Any) -> tuple[str, ...]:
   """A device kernel's possible HLO names: its `hlo_op` stat (absent or a command buffer's name
   when it ran inside a CUDA graph), its own name, and that name with XLA's kernel spelling undone
   (`loop_add_fusion_80` is instruction `loop_add_fusion.80`)."""
@@ -202,7 +202,7 @@ def read_events(trace_dir: pathlib.Path) -> Iterable[Event]:
         for event in line.events:
           duration_ps = round(event.duration_ns * 1000)
           if on_device:
-            yield Event(_kernel_names(event), duration_ps, kernel=event.name)
+            yield Event(kernel_names(event), duration_ps, kernel=event.name)
           else:
             yield Event((event.name,), duration_ps)
 
