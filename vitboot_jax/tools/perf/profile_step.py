@@ -17,7 +17,7 @@ Output, one JSON object per line:
      steps and the op time per step the trace accounts for (coverage = their ratio: on a
      2-core CPU XLA runs some ops on both cores at once, so coverage can exceed 1; it can also
      stay below 1 with both cores busy, where an op's work runs on a thread outside its event;
-     on a GPU, 1 - coverage bounds the time no kernel ran).
+     on a GPU, no kernel runs for at least 1 - coverage of the step).
   2. {"by_category": {category: seconds per step}}, {"by_pass": ...}, {"by_model": ...}.
   3. One line per op of the `--top` most expensive: {"op", "category", "pass", "s_per_step",
      "share", "shape", "source"}.
