@@ -21,8 +21,8 @@ switches of configs/common.py (align=none, kd=0, feature=0, decay=none, ...).
 Time per epoch on the 2-core dev VM (commit f74a8ee, matmul peak 199 GFLOP/s: benchmark step x
 78 steps + 10,000 test images at the evaluation step's rate): ViT alone 3.4 min training + 2.0
 min evaluation, agent alone 3.8 + 1.5, joint 7.1 + 3.3, shared 6.3 + 2.7 (10 epochs: ~55, 55,
-105 and 90 min).
-Results: docs/results.md.
+105 and 90 min). On one H100 (TF32), 8 runs sharing the GPU: 39-222 s per 10-epoch run.
+Results (every row, 2 seeds; README "Small-scale replication"): docs/results.md.
 """
 
 from configs import common
