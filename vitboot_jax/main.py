@@ -27,7 +27,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vitboot_jax import cli, cpu_devices, errors, progress
+from vitboot_jax import cli, cpu_devices, errors, host_memory, progress
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -117,6 +117,10 @@ def main(argv):
   )
   if split and split > 1 and jax.default_backend() == "cpu":
     logging.info("CPU host split into %d devices; the batch is sharded over them.", split)
+  if jax.default_backend() == "cpu":
+    allocator = host_memory.description()
+    hint = host_memory.HINT if allocator == host_memory.SYSTEM else ""
+    logging.info("Allocator: %s.%s", allocator, hint)
   from vitboot_jax import checkpoint, preemption
 
   try:
@@ -132,4 +136,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  host_memory.reexec_with_allocator()
   app.run(main, flags_parser=functools.partial(cli.parse_flags, usage=__doc__))

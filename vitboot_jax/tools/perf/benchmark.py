@@ -47,7 +47,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cli, configlib, cpu_devices, errors, evaluate, sharding
+from vitboot_jax import cli, configlib, cpu_devices, errors, evaluate, host_memory, sharding
 from vitboot_jax import steps as step_lib
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.models import costs, matmul
@@ -102,6 +102,7 @@ def measure_peak(
     "peak_matmul_s": step_s,
     "devices": n,
     "device_kind": jax.devices()[0].device_kind,
+    "allocator": host_memory.description(),  # XLA:CPU steps run 1.3-1.5x faster under jemalloc.
   }
 
 
@@ -466,5 +467,6 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+  host_memory.reexec_with_allocator()  # As main does: the tools time what training runs.
   define_flags()
   app.run(main)

@@ -44,7 +44,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cpu_devices, sharding
+from vitboot_jax import cpu_devices, host_memory, sharding
 from vitboot_jax.models import conv, matmul
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import vit as vit_lib
@@ -260,5 +260,6 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+  host_memory.reexec_with_allocator()  # As main does: the tools time what training runs.
   define_flags()
   app.run(main)

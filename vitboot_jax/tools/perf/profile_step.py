@@ -43,7 +43,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cpu_devices, sharding
+from vitboot_jax import cpu_devices, host_memory, sharding
 from vitboot_jax.tools.perf import benchmark
 
 # Opcodes that only move or re-lay-out data.
@@ -378,5 +378,6 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+  host_memory.reexec_with_allocator()  # As main does: the tools time what training runs.
   define_flags()
   app.run(main)
