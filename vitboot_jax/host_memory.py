@@ -52,6 +52,11 @@ def accelerator_plugin_installed() -> bool:
   return any(True for _ in pkgutil.iter_modules(jax_plugins.__path__))
 
 
+def _allocator_in(preload: str) -> str | None:
+  """The name of the allocator an LD_PRELOAD value loads, if any."""
+  return next((name for name, _ in ALLOCATORS if name in preload), None)
+
+
 def find_allocator() -> tuple[str, dict[str, str]] | None:
   """The preferred allocator library the dynamic linker can find, with its environment."""
   for name, env in ALLOCATORS:
@@ -67,7 +72,7 @@ def preload_environment(environ: dict[str, str]) -> dict[str, str] | None:
   if environ.get(OPT_OUT, "") not in ("", "0") or environ.get(PRELOADED):
     return None
   preload = environ.get("LD_PRELOAD", "")
-  if any(name in preload for name, _ in ALLOCATORS):
+  if _allocator_in(preload):
     return None
   if platform.system() != "Linux" or accelerator_plugin_installed():
     return None
@@ -96,5 +101,4 @@ def description() -> str:
   library = os.environ.get(PRELOADED)
   if library and library in os.environ.get("LD_PRELOAD", ""):
     return library
-  preload = os.environ.get("LD_PRELOAD", "")
-  return next((name for name, _ in ALLOCATORS if name in preload), SYSTEM)
+  return _allocator_in(os.environ.get("LD_PRELOAD", "")) or SYSTEM

@@ -115,9 +115,9 @@ def main(argv):
     jax.device_count(),
     jax.default_backend(),
   )
-  if split and split > 1 and jax.default_backend() == "cpu":
-    logging.info("CPU host split into %d devices; the batch is sharded over them.", split)
   if jax.default_backend() == "cpu":
+    if split and split > 1:
+      logging.info("CPU host split into %d devices; the batch is sharded over them.", split)
     allocator = host_memory.description()
     hint = host_memory.HINT if allocator == host_memory.SYSTEM else ""
     logging.info("Allocator: %s.%s", allocator, hint)
