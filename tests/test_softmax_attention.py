@@ -63,3 +63,16 @@ def test_backward_reduces_outputs_not_key_rows():
 def test_only_the_cpu_set_writes_the_backward_out():
   assert kernels.CPU.softmax_attention is softmax_attention
   assert kernels.XLA.softmax_attention is None
+
+
+def test_compiled_backward_has_no_product_over_both_major_axes():
+  """dV and dK stay [d, T] x [T, T] products: XLA:CPU runs a dot contracting the major axis of
+  both operands (P^T dO as written by autodiff) in its slow generic loop."""
+  q = k = v = jnp.ones((2, 3, 11, 4))
+  grad = jax.jit(jax.grad(lambda q, k, v: softmax_attention(q, k, v).sum(), (0, 1, 2)))
+  hlo = grad.lower(q, k, v).compile().as_text()
+  dots = [line for line in hlo.splitlines() if " dot(" in line]
+  assert dots, "no dot left in the compiled backward to inspect"
+  for line in dots:
+    # Batch dims {0,1}: a left operand contracting dim 2 is the query axis taken transposed.
+    assert "lhs_contracting_dims={2}" not in line, line

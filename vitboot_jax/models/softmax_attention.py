@@ -4,6 +4,11 @@ Autodiff of softmax reduces dP * P over the keys (a [T, T] product per head) to 
 correction; here it comes from the outputs instead, delta = sum_d dO * O ([T, d]: the same value,
 as sum_k P dP = sum_k P (dO V^T) = sum_d dO O), the FlashAttention backward. On XLA:CPU the
 [T, T] reduction was fused with the products into a slow loop (docs/performance.md).
+
+dV = P^T dO and dK = dS^T Q contract the query axis, the major axis of both operands; XLA:CPU
+runs such a product (as any rewrite of it that moves the transpose back into the dot) in its
+generic dot loop at a third of the library kernel's rate. Both are computed transposed instead,
+dV^T = dO^T P, from the small [d, T] transposes, with barriers that keep XLA from folding them.
 """
 
 from __future__ import annotations
@@ -32,14 +37,22 @@ def _softmax_attention_fwd(q, k, v):
   return out, (q, k, v, probs, out)
 
 
+def _contract_queries(a: jax.Array, b: jax.Array) -> jax.Array:
+  """sum_q a[..., q, k] b[..., q, d] -> [..., k, d], as (b^T a)^T."""
+  b_t = jax.lax.optimization_barrier(jnp.swapaxes(b, -1, -2))
+  return jnp.swapaxes(
+    jax.lax.optimization_barrier(matmul.einsum("bhdq,bhqk->bhdk", b_t, a)), -1, -2
+  )
+
+
 def _softmax_attention_bwd(residuals, d_out):
   q, k, v, probs, out = residuals
-  d_v = matmul.einsum("bhqk,bhqd->bhkd", probs, d_out)
+  d_v = _contract_queries(probs, d_out)
   d_probs = matmul.einsum("bhqd,bhkd->bhqk", d_out, v, out_dtype=jnp.float32)
   delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
   d_logits = (probs.astype(jnp.float32) * (d_probs - delta)).astype(q.dtype)
   d_q = matmul.einsum("bhqk,bhkd->bhqd", d_logits, k)
-  d_k = matmul.einsum("bhqk,bhqd->bhkd", d_logits, q)
+  d_k = _contract_queries(d_logits, q)
   return d_q, d_k, d_v
 
 
