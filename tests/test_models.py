@@ -5,12 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import jaxprs
 from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.models import agent as agent_lib
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import build_models
+from vitboot_jax.models.vit import Attention
 from vitboot_jax.tools.summary import summarise
 
 
@@ -396,3 +398,15 @@ def test_gelu_is_exact_in_value_and_derivative():
   grads = np.asarray(jax.jit(jax.vmap(jax.grad(gelu)))(xs))
   np.testing.assert_allclose(grads, exact_grad, atol=2e-6, rtol=1e-6)
   assert gelu(jnp.ones(3, jnp.bfloat16)).dtype == jnp.bfloat16  # No promotion to float32.
+
+
+@pytest.mark.parametrize("kernels", [kernels_lib.XLA, kernels_lib.CPU])
+def test_attention_gradient_concatenates_query_key_value(kernels):
+  """dQKV is one concatenation of dQ, dK and dV, not a sum of three zero-padded stacks."""
+  module = Attention(num_heads=3, kernels=kernels)
+  x = jnp.ones((2, 5, 12))
+  params = module.init(jax.random.key(0), x, train=False)
+  grad = jax.grad(lambda x: module.apply(params, x, train=True).sum())
+  names = [eqn.primitive.name for eqn in jaxprs.equations(jax.make_jaxpr(grad)(x))]
+  assert "concatenate" in names
+  assert "pad" not in names

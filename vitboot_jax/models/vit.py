@@ -152,7 +152,12 @@ class Attention(nn.Module):
       dot_general=self.kernels.dot_general,
       name="qkv",
     )(x)
-    q, k, v = einops.rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
+    # Split before the head reshape: the gradient is then one concatenation of dQ, dK, dV, not
+    # three zero-padded [3, ...] stacks summed in every consumer (docs/performance.md).
+    q, k, v = (
+      einops.rearrange(t, "b n (h d) -> b h n d", h=self.num_heads)
+      for t in jnp.split(qkv, 3, axis=-1)
+    )
     q = q * (d // self.num_heads) ** -0.5
     alpha = None
     if self.attention == "entmax":
