@@ -28,9 +28,9 @@ print(host_memory.description(), (resource.getrusage(resource.RUSAGE_SELF).ru_mi
 
 
 def _run(opt_out: str) -> tuple[str, float]:
-  env_args = [sys.executable, "-c", _PROGRAM]
+  argv = [sys.executable, "-c", _PROGRAM]
   env = {**os.environ, host_memory.OPT_OUT: opt_out}
-  out = subprocess.run(env_args, capture_output=True, text=True, check=True, env=env).stdout
+  out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
   allocator, faults = out.strip().splitlines()[-1].rsplit(maxsplit=1)
   return allocator, float(faults)
 

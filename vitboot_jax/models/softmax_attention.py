@@ -6,9 +6,9 @@ as sum_k P dP = sum_k P (dO V^T) = sum_d dO O), the FlashAttention backward. On 
 [T, T] reduction was fused with the products into a slow loop (docs/performance.md).
 
 dV = P^T dO and dK = dS^T Q contract the query axis, the major axis of both operands; XLA:CPU
-runs such a product (as any rewrite of it that moves the transpose back into the dot) in its
-generic dot loop at a third of the library kernel's rate. Both are computed transposed instead,
-dV^T = dO^T P, from the small [d, T] transposes, with barriers that keep XLA from folding them.
+runs such a product, and any rewrite that folds a transpose back into it, in its generic dot loop
+at a third of the library kernel's rate. Both are computed transposed instead, dV^T = dO^T P,
+from the small [d, T] transposes, with barriers that keep XLA from folding them.
 """
 
 from __future__ import annotations
