@@ -27,7 +27,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vitboot_jax import cli, cpu_devices, errors, host_memory, progress
+from vitboot_jax import cli, cpu_devices, cpu_features, errors, host_memory, progress
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -121,6 +121,11 @@ def main(argv):
     allocator = host_memory.description()
     hint = host_memory.HINT if allocator == host_memory.SYSTEM else ""
     logging.info("Allocator: %s.%s", allocator, hint)
+    bf16_warning = cpu_features.bf16_warning(
+      config.get("compute_dtype", "float32"), cpu_features.cpu_flags()
+    )
+    if bf16_warning:
+      logging.warning("%s", bf16_warning)
   from vitboot_jax import checkpoint, preemption
 
   try:
