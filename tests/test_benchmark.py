@@ -40,6 +40,7 @@ def test_benchmark_prints_one_json_object_per_line():
   assert len(lines) == 4  # peak, vit, shared, summary.
   peak, vit, shared, summary = lines
   assert peak["peak_matmul_flops_per_s"] > 0 and peak["matmul_precision"] == "default"
+  assert {"cpu_model", "cpu_vector_isa"} <= set(peak)  # The machine beside every figure.
   for row, mode in ((vit, "vit"), (shared, "shared")):
     assert MODE_KEYS <= set(row), MODE_KEYS - set(row)
     assert row["mode"] == mode

@@ -55,3 +55,14 @@ def test_this_host_flags_parse_on_linux():
   if flags is None:
     pytest.skip("no /proc/cpuinfo flags on this host")
   assert "fpu" in flags or any(f.startswith("sse") for f in flags)
+
+
+def test_cpu_model_and_widest_vector_isa(tmp_path):
+  path = _cpuinfo(tmp_path, AVX2_ONLY)
+  assert cpu_features.cpu_model(path) == "Test CPU"
+  assert cpu_features.widest_vector_isa(cpu_features.cpu_flags(path)) == "avx2"
+  assert cpu_features.widest_vector_isa(frozenset(AMX.split())) == "amx_bf16"
+  assert cpu_features.widest_vector_isa(frozenset({"avx512f", "avx2"})) == "avx512f"
+  assert cpu_features.widest_vector_isa(frozenset({"sse2"})) is None
+  assert cpu_features.widest_vector_isa(None) is None
+  assert cpu_features.cpu_model(tmp_path / "absent") is None

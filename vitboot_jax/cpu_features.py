@@ -1,10 +1,11 @@
-"""CPU-only hosts: whether the CPU multiplies bfloat16 natively, to warn before a slow bf16 run.
+"""What the host CPU is: its model and widest vector instructions (stated beside benchmark
+figures: VMs of one kind differ in CPU, docs/performance.md), and whether it multiplies bfloat16
+natively, to warn before a slow bf16 run.
 
-XLA:CPU runs bfloat16 matmuls on AMX (Sapphire Rapids and later) several times faster than
-float32. A CPU without bfloat16 instructions gets the operands converted and float32 products,
-so `compute_dtype=bfloat16` only adds conversions there: steps 0.6-0.95x of float32 on AVX2-only
-VMs (docs/performance.md, docs/results.md). Accuracy is not the concern (bf16 held it at 8x8
-tokens); speed is.
+XLA:CPU runs bfloat16 matmuls on AMX several times faster than float32. A CPU without bfloat16
+instructions gets the operands converted and float32 products, so `compute_dtype=bfloat16` only
+adds conversions there (measured in docs/results.md, docs/performance.md). Accuracy is not the
+concern (bf16 held it at 8x8 tokens); speed is.
 """
 
 from __future__ import annotations
@@ -14,20 +15,38 @@ import pathlib
 # /proc/cpuinfo flags of the instructions XLA:CPU can use for bfloat16 products.
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 CPUINFO = pathlib.Path("/proc/cpuinfo")
+# The widest vector instructions first: what a CPU's matmul rate mostly depends on.
+VECTOR_ISAS = ("amx_bf16", "avx512f", "avx2", "avx")
 
 
-def cpu_flags(cpuinfo: pathlib.Path = CPUINFO) -> frozenset[str] | None:
-  """The feature flags of the first processor listed in `cpuinfo`; None where it is unreadable
-  (not Linux) or lists none."""
+def _first_processor_field(name: str, cpuinfo: pathlib.Path) -> str | None:
+  """Field `name` of the first processor listed in `cpuinfo`; None where it is unreadable (not
+  Linux) or lacks the field."""
   try:
     text = cpuinfo.read_text()
   except OSError:
     return None
   for line in text.splitlines():
     key, _, value = line.partition(":")
-    if key.strip() == "flags":
-      return frozenset(value.split())
+    if key.strip() == name:
+      return value.strip()
   return None
+
+
+def cpu_flags(cpuinfo: pathlib.Path = CPUINFO) -> frozenset[str] | None:
+  """The feature flags of the first processor listed in `cpuinfo`, or None."""
+  flags = _first_processor_field("flags", cpuinfo)
+  return None if flags is None else frozenset(flags.split())
+
+
+def cpu_model(cpuinfo: pathlib.Path = CPUINFO) -> str | None:
+  """The first processor's model name (e.g. "AMD EPYC"), or None."""
+  return _first_processor_field("model name", cpuinfo)
+
+
+def widest_vector_isa(flags: frozenset[str] | None) -> str | None:
+  """The widest of VECTOR_ISAS that `flags` lists, or None."""
+  return next((isa for isa in VECTOR_ISAS if flags and isa in flags), None)
 
 
 def bf16_warning(compute_dtype: str, flags: frozenset[str] | None) -> str | None:

@@ -11,7 +11,8 @@ and the median is reported.
 
 Output, one JSON object per line:
   1. {"peak_matmul_flops_per_s", ...}: a measured matmul peak on the same devices (one matmul
-     per device), the denominator of MFU.
+     per device), the denominator of MFU, with the machine it ran on ("device_kind",
+     "allocator", the host's "cpu_model" and "cpu_vector_isa").
   2. One line per mode: {"mode", "batch", "image_size", "img_per_s", "step_s", "compile_s",
      "flops_per_step", "xla_flops_per_step", "flops_per_s", "mfu", "peak_mem_bytes",
      "devices", ...}. flops_per_step is 2 x the matmul/conv MACs of the whole step's jaxpr
@@ -47,7 +48,16 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cli, configlib, cpu_devices, errors, evaluate, host_memory, sharding
+from vitboot_jax import (
+  cli,
+  configlib,
+  cpu_devices,
+  cpu_features,
+  errors,
+  evaluate,
+  host_memory,
+  sharding,
+)
 from vitboot_jax import steps as step_lib
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.models import costs, matmul
@@ -103,6 +113,8 @@ def measure_peak(
     "devices": n,
     "device_kind": jax.devices()[0].device_kind,
     "allocator": host_memory.description(),  # XLA:CPU steps run 1.3-1.5x faster under jemalloc.
+    "cpu_model": cpu_features.cpu_model(),
+    "cpu_vector_isa": cpu_features.widest_vector_isa(cpu_features.cpu_flags()),
   }
 
 
