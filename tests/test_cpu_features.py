@@ -1,4 +1,4 @@
-"""The bfloat16 warning on CPUs without bfloat16 instructions."""
+"""The host CPU's flags, model and widest vector ISA; the bfloat16 warning on CPUs without bf16."""
 
 import pytest
 
