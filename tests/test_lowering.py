@@ -29,11 +29,18 @@ def check_accelerator_rows(rows, platforms=("cuda", "tpu")):
 
 
 @pytest.mark.slow
-def test_tiny_config_lowers_for_accelerators_and_cpu():
+def test_tiny_config_lowers_for_accelerators_and_cpu(monkeypatch):
   config = load_config("tiny_config")
+  built = []
+  step_specs = lowering.step_specs
+  monkeypatch.setattr(
+    lowering, "step_specs", lambda c, platform: built.append(platform) or step_specs(c, platform)
+  )
   printed = []
   rows = lowering.run(config, platforms=("cuda", "tpu", "cpu"), emit=printed.append)
   assert [json.loads(line) for line in printed] == rows
+  # Steps are built (and traced) once per kernel set: cuda and tpu share the xla set's.
+  assert built == ["cuda", "cpu"] * len(lowering.MODES) * len(lowering.DTYPES)
   check_accelerator_rows([r for r in rows if r["platform"] != "cpu"])
   by_key = {(r["mode"], r["platform"], r["dtype"]): r for r in rows}
   depth = config.model.depth

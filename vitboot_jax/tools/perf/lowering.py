@@ -29,6 +29,7 @@ from ml_collections import config_flags
 from vitboot_jax import configlib, device_preprocess, evaluate, optim
 from vitboot_jax import steps as step_lib
 from vitboot_jax.models import costs
+from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 from vitboot_jax.tools.perf import benchmark
@@ -93,11 +94,27 @@ def step_specs(config: ml_collections.ConfigDict, platform: str):
 
 
 def lower_mode(
-  config: ml_collections.ConfigDict, mode: str, dtype: str, platform: str, batch: int | None
+  config: ml_collections.ConfigDict,
+  mode: str,
+  dtype: str,
+  platform: str,
+  batch: int | None,
+  specs: dict[tuple[Any, ...], Any] | None = None,
 ) -> dict[str, Any]:
+  """One JSON row. `specs` carries step_specs between calls: platforms that run the same kernel
+  set (cuda and tpu: the xla set) then share the steps, so jax traces each step once."""
   config = mode_config(config, mode, dtype, batch)
+  specs = {} if specs is None else specs
+
+  def specs_for(target: str):
+    kernel_set = kernels_lib.resolve(config.get("kernels", "auto"), target)
+    key = (mode, dtype, config.batch_size, kernel_set)
+    if key not in specs:
+      specs[key] = step_specs(config, target)
+    return specs[key]
+
   row: dict[str, Any] = {"mode": mode, "platform": platform, "dtype": dtype}
-  models, train_step, eval_step, state, train_batch, eval_batch = step_specs(config, platform)
+  models, train_step, eval_step, state, train_batch, eval_batch = specs_for(platform)
   row["kernels"] = models.kernels.name
   row["batch"] = config.batch_size
   row["image_shape"] = list(train_batch["image"].shape[1:])
@@ -114,7 +131,7 @@ def lower_mode(
     row["ok"], row["error"] = False, f"{type(error).__name__}: {error}"[:500]
   row.update(counts)
   if models.kernels.name != "xla":  # FLOPs are those of the plain ops, whatever the platform.
-    _, train_step, eval_step, state, train_batch, eval_batch = step_specs(config, "tpu")
+    _, train_step, eval_step, state, train_batch, eval_batch = specs_for("tpu")
   row["flops"] = 2 * costs.count_macs(train_step, state, train_batch)
   row["flops_per_image"] = row["flops"] / config.batch_size
   eval_macs = costs.count_macs(eval_step, state.params, state.batch_stats, eval_batch)
@@ -138,8 +155,9 @@ def run(
   rows = []
   for mode in modes:
     for dtype in dtypes:
+      specs: dict[tuple[Any, ...], Any] = {}
       for platform in platforms:
-        rows.append(lower_mode(config, mode, dtype, platform, batch))
+        rows.append(lower_mode(config, mode, dtype, platform, batch, specs))
         emit(json.dumps(rows[-1]))
   return rows
 
