@@ -19,8 +19,28 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitboot_jax_test_cache_")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+# Each pytest-xdist worker keeps its own part of it: jax writes an entry in place, so a worker
+# could read another's half-written file (and print a warning into a run's checked log).
+if "PYTEST_XDIST_WORKER" in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
+    os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"]
+  )
+  os.makedirs(os.environ["JAX_COMPILATION_CACHE_DIR"], exist_ok=True)
 
 import pytest  # noqa: E402
+
+_GIB_PER_WORKER = 6  # A worker with its end-to-end subprocesses peaked at ~5 GiB.
+
+
+def pytest_xdist_auto_num_workers(config):
+  """`-n auto`: one worker per usable core, fewer where memory is short."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  try:
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+  except (AttributeError, ValueError, OSError):  # No sysconf (Windows) or no such name.
+    return max(1, cores or 1)
+  return max(1, min(cores or 1, int(memory_gib // _GIB_PER_WORKER)))
+
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = pathlib.Path(os.environ.get("VITBOOT_SHARED", REPO_ROOT.parent / "shared"))
