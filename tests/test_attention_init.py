@@ -367,7 +367,7 @@ def test_impulse_cache_memory_and_disk(monkeypatch, tmp_path):
   second = ai.fit_impulse_qk(rng, **kwargs)
   warm = time.perf_counter() - start
   print(f"impulse fit: cold {cold * 1e3:.1f} ms, cached {warm * 1e3:.3f} ms")
-  assert second is first and warm < 0.01
+  assert second is first  # The memory cache answered.
   files = list((tmp_path / "attention_init").iterdir())
   assert len(files) == 1 and files[0].suffix == ".npz"  # No temporary files left behind.
 

@@ -1,7 +1,6 @@
 """The sweep runner's paper tables: valid rows, the paper's numbers, runnable printed commands."""
 
 import json
-import os
 import pathlib
 import shlex
 import signal
@@ -180,7 +179,7 @@ import pathlib, signal, sys, time
 ready = pathlib.Path(sys.argv[1])
 signal.signal(signal.SIGTERM, lambda *_: (ready.with_suffix(".saved").touch(), sys.exit(143)))
 ready.touch()
-time.sleep(60)
+time.sleep(300)
 sys.exit(0)
 """
 
@@ -192,14 +191,15 @@ def test_a_signal_to_the_sweep_stops_the_run_through_its_save(tmp_path):
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
       time.sleep(0.01)
-    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C to the sweep.
+    # Ctrl-C to the sweep, aimed at the thread that handles it: the kernel may hand a signal sent
+    # to the process to any thread, and then the one blocked in wait() sleeps on.
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
   threading.Thread(target=interrupt_when_ready, daemon=True).start()
-  start = time.monotonic()
   code, received = sweep.run_training(["python", "-c", _STOPPABLE_RUN, str(ready)])
-  # The run got SIGTERM (its save path ran) rather than being killed or left running.
+  # The run got SIGTERM (its save path ran) rather than being killed or finishing its sleep.
   assert (code, received) == (143, signal.SIGINT)
-  assert ready.with_suffix(".saved").exists() and time.monotonic() - start < 30
+  assert ready.with_suffix(".saved").exists()
   assert signal.getsignal(signal.SIGINT) is not None  # The sweep's own handlers are back.
 
 
