@@ -1,5 +1,6 @@
-"""Test set-up: 8 fake CPU devices (or the accelerator, with JAX_PLATFORMS set empty), full
-float32 matmuls on accelerators, TensorFlow kept off accelerators, paths to ../shared."""
+"""Test set-up: 8 fake CPU devices (or the accelerator, with JAX_PLATFORMS set empty), XLA's
+backend optimisations off, full float32 matmuls on accelerators, TensorFlow kept off accelerators,
+paths to ../shared."""
 
 import atexit
 import os
@@ -13,6 +14,10 @@ os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tests check what a program computes, not how fast: XLA's backend optimisations (LLVM -O3) would
+# double the compile time that dominates the suite. Inherited by every subprocess run; the product's
+# optimised build is checked against this one in test_steps (set it to 0 to run all optimised).
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # One persistent compilation cache per test session, inherited by every subprocess run: the
 # end-to-end tests start dozens of processes that compile the same tiny steps from scratch.

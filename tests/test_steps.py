@@ -293,6 +293,36 @@ def test_sharded_batch_matches_single_device(kernels):
   assert not np.allclose(per_device_stats["agent"]["stem"]["bn"]["mean"], want, rtol=1e-2)
 
 
+@pytest.mark.parametrize("kernels", ["xla", "cpu"])
+@pytest.mark.slow
+def test_optimised_build_computes_the_same_step(kernels):
+  """The suite compiles with XLA's backend optimisations off (conftest), users with XLA's
+  defaults: both builds of one lowered shared step agree, so what the tests show holds for users."""
+  from jax._src.lib import xla_client
+
+  assert jax.config.read("jax_disable_most_optimizations")  # The tests' build: backend level 0.
+  defaults = xla_client.CompileOptions().executable_build_options.debug_options
+  product = {
+    "xla_backend_optimization_level": defaults.xla_backend_optimization_level,
+    "xla_llvm_disable_expensive_passes": defaults.xla_llvm_disable_expensive_passes,
+  }
+  assert product["xla_backend_optimization_level"] > 0  # Otherwise both builds are the same.
+  # Adam's large epsilon: see test_shared_update_is_algorithm_1.
+  _, _, _, state, step = setup(
+    "shared", kernels=kernels, **{"model.dropout": 0.1, "optim.eps": 1e-3}
+  )
+  batch = batch_of()
+  lowered = jax.jit(step).lower(state, batch)
+  ours, theirs = lowered.compile(), lowered.compile(product)
+  state_a, metrics_a = ours(jax.tree.map(jnp.copy, state), batch)
+  state_b, metrics_b = theirs(jax.tree.map(jnp.copy, state), batch)
+  for key in metrics_a:
+    if "conflict" not in key:  # Counts of near-zero cosines' signs: float noise flips them.
+      np.testing.assert_allclose(metrics_b[key], metrics_a[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  for a, b in zip(jax.tree.leaves(state_a.params), jax.tree.leaves(state_b.params)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(
   "mode, kernels",
   [
