@@ -39,12 +39,15 @@ _GIB_PER_WORKER = 6  # A worker with its end-to-end subprocesses peaked at ~5 Gi
 
 def pytest_xdist_auto_num_workers(config):
   """`-n auto`: one worker per usable core, fewer where memory is short."""
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  if hasattr(os, "sched_getaffinity"):
+    cores = len(os.sched_getaffinity(0))
+  else:
+    cores = os.cpu_count() or 1
   try:
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
   except (AttributeError, ValueError, OSError):  # No sysconf (Windows) or no such name.
-    return max(1, cores or 1)
-  return max(1, min(cores or 1, int(memory_gib // _GIB_PER_WORKER)))
+    return max(1, cores)
+  return max(1, min(cores, int(memory_gib // _GIB_PER_WORKER)))
 
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
