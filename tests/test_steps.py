@@ -303,20 +303,20 @@ def test_optimised_build_computes_the_same_step(kernels):
   if not jax.config.read("jax_disable_most_optimizations"):
     pytest.skip("the suite runs optimised (JAX_DISABLE_MOST_OPTIMIZATIONS=0): one build to test")
   defaults = xla_client.CompileOptions().executable_build_options.debug_options
-  product = {
+  users = {
     "xla_backend_optimization_level": defaults.xla_backend_optimization_level,
     "xla_llvm_disable_expensive_passes": defaults.xla_llvm_disable_expensive_passes,
   }
-  assert product["xla_backend_optimization_level"] > 0  # Otherwise both builds are the same.
+  assert users["xla_backend_optimization_level"] > 0  # Otherwise both builds are the same.
   # Adam's large epsilon: see test_shared_update_is_algorithm_1.
   _, _, _, state, step = setup(
     "shared", kernels=kernels, **{"model.dropout": 0.1, "optim.eps": 1e-3}
   )
   batch = batch_of()
   lowered = jax.jit(step).lower(state, batch)
-  ours, theirs = lowered.compile(), lowered.compile(product)
-  state_a, metrics_a = ours(jax.tree.map(jnp.copy, state), batch)
-  state_b, metrics_b = theirs(jax.tree.map(jnp.copy, state), batch)
+  tests_build, users_build = lowered.compile(), lowered.compile(users)
+  state_a, metrics_a = tests_build(jax.tree.map(jnp.copy, state), batch)
+  state_b, metrics_b = users_build(jax.tree.map(jnp.copy, state), batch)
   for key in metrics_a:
     if "conflict" not in key:  # Counts of near-zero cosines' signs: float noise flips them.
       np.testing.assert_allclose(metrics_b[key], metrics_a[key], rtol=1e-5, atol=1e-7, err_msg=key)
