@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from tests import tolerances
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import vit as vit_lib
 
@@ -133,9 +134,7 @@ def test_vit_train_step_identical_with_and_without_chunks():
   plain_loss, plain_grads = run(_cpu(0, 8))
   chunked_loss, chunked_grads = run(chunked)
   np.testing.assert_allclose(chunked_loss, plain_loss, rtol=1e-5)
-  jax.tree.map(
-    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), chunked_grads, plain_grads
-  )
+  tolerances.assert_trees_close_to_scale(chunked_grads, plain_grads, 1e-4, "grads", floor=1e-6)
 
 
 def test_evaluation_runs_in_slices_and_still_exposes_the_probabilities():

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from tests import golden, hlo, without_tensorflow
+from tests import golden, hlo, tolerances, without_tensorflow
 from tests.config_files import load_config
 from vitboot_jax import optim, sharding, steps
 from vitboot_jax.models import convert, sharing
@@ -167,8 +167,7 @@ def test_shared_update_is_algorithm_1():
 
   state_copy = jax.tree.map(jnp.copy, state)
   new_state, metrics = jax.jit(step)(state_copy, batch)
-  for got, exp in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(want)):
-    np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-7)
+  tolerances.assert_trees_close_to_scale(new_state.params, want, 1e-5, "params", floor=1e-7)
   cos = float(np.dot(g_a, g_v) / np.linalg.norm(g_a) / np.linalg.norm(g_v))
   assert abs(float(metrics["train/align_cosine"]) - cos) < 1e-4
   assert float(metrics["train/align_conflict"]) == float(cos < 0)
@@ -210,8 +209,7 @@ def test_align_none_is_the_gradient_of_the_summed_loss():
 
   want = jax.jit(jax.grad(summed_loss))(state.params)
   got = jax.tree.map(jnp.add, grads["vit"], grads["agent"])
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+  tolerances.assert_trees_close_to_scale(got, want, 1e-4, "gradient", floor=1e-6)
 
 
 @pytest.mark.slow
@@ -288,16 +286,49 @@ def test_sharded_batch_matches_single_device(kernels):
   _, single_stats, _ = gradients(config, models, state, batch)
   got = new_state.batch_stats["agent"]["stem"]["bn"]["mean"]
   want = single_stats["agent"]["stem"]["bn"]["mean"]
-  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-9)
+  tolerances.assert_close_to_scale(got, want, 1e-4, "BatchNorm mean")
   _, per_device_stats, _ = gradients(config, models, state, jax.tree.map(lambda x: x[:2], batch))
   assert not np.allclose(per_device_stats["agent"]["stem"]["bn"]["mean"], want, rtol=1e-2)
+
+
+def _step_mismatches(config, metrics_a, metrics_b, params_a, params_b, num_shared):
+  """Keys on which two runs of one shared step disagree beyond float32 rounding (tests/tolerances):
+  loss terms and gradient norms relative to their value, the Align cosine and the distillation
+  KL absolutely (near zero, only their summands' scale bounds the rounding), parameters relative
+  to each leaf's scale. Sign counts of near-zero cosines are left out: rounding flips them."""
+  bad = []
+  for key in metrics_a:
+    if "conflict" in key:
+      continue
+    if key not in metrics_b:
+      bad.append(key)
+      continue
+    a, b = float(metrics_a[key]), float(metrics_b[key])
+    if key == "train/align_cosine":
+      ok = abs(a - b) <= tolerances.cosine_atol(num_shared)
+    elif key.startswith("train/kd_"):
+      ok = abs(a - b) <= tolerances.kl_atol(config.loss.temperature, config.data.num_classes)
+    else:
+      ok = abs(a - b) <= tolerances.STEP_RTOL * abs(a)
+    if not ok:
+      bad.append(key)
+  for path, a in jax.tree_util.tree_flatten_with_path(params_a)[0]:
+    b = params_b
+    for k in path:
+      b = b[k.key]
+    try:
+      tolerances.assert_close_to_scale(b, a, tolerances.STEP_RTOL)
+    except AssertionError:
+      bad.append(jax.tree_util.keystr(path))
+  return bad
 
 
 @pytest.mark.parametrize("kernels", ["xla", "cpu"])
 @pytest.mark.slow
 def test_optimised_build_computes_the_same_step(kernels):
   """The suite compiles with XLA's backend optimisations off (conftest), users with XLA's
-  defaults: both builds of one lowered shared step agree, so what the tests show holds for users."""
+  defaults: both builds of one lowered shared step agree to float32 rounding, so what the tests
+  show holds for users; the same comparison tells apart a step whose feature term was dropped."""
   from jax._src.lib import xla_client
 
   if not jax.config.read("jax_disable_most_optimizations"):
@@ -309,19 +340,25 @@ def test_optimised_build_computes_the_same_step(kernels):
   }
   assert users["xla_backend_optimization_level"] > 0  # Otherwise both builds are the same.
   # Adam's large epsilon: see test_shared_update_is_algorithm_1.
-  _, _, _, state, step = setup(
-    "shared", kernels=kernels, **{"model.dropout": 0.1, "optim.eps": 1e-3}
-  )
+  updates = {"model.dropout": 0.1, "optim.eps": 1e-3}
+  config, _, _, state, step = setup("shared", kernels=kernels, **updates)
+  assert config.loss.feature_vit > 0
+  # Upper bound on the Align vectors' length: every ViT parameter.
+  num_shared = sum(x.size for x in jax.tree.leaves(state.params["vit"]))
   batch = batch_of()
   lowered = jax.jit(step).lower(state, batch)
   tests_build, users_build = lowered.compile(), lowered.compile(users)
   state_a, metrics_a = tests_build(jax.tree.map(jnp.copy, state), batch)
   state_b, metrics_b = users_build(jax.tree.map(jnp.copy, state), batch)
-  for key in metrics_a:
-    if "conflict" not in key:  # Counts of near-zero cosines' signs: float noise flips them.
-      np.testing.assert_allclose(metrics_b[key], metrics_a[key], rtol=1e-5, atol=1e-7, err_msg=key)
-  for a, b in zip(jax.tree.leaves(state_a.params), jax.tree.leaves(state_b.params)):
-    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  same = _step_mismatches(config, metrics_a, metrics_b, state_a.params, state_b.params, num_shared)
+  assert same == []
+  # A realistic bug, the feature term dropped: the same tolerances see it in the cosine, the
+  # ViT's gradient norm and its parameters.
+  *_, dropped = setup("shared", kernels=kernels, **updates, **{"loss.feature_vit": 0.0})
+  state_c, metrics_c = jax.jit(dropped)(jax.tree.map(jnp.copy, state), batch)
+  bad = _step_mismatches(config, metrics_a, metrics_c, state_a.params, state_c.params, num_shared)
+  assert {"train/align_cosine", "train/grad_norm_vit"} <= set(bad), bad
+  assert any(k.startswith("['vit']") for k in bad), bad
 
 
 @pytest.mark.parametrize(
