@@ -99,7 +99,8 @@ def test_official_export_reads_back_identically(tmp_path, mode):
     assert sd["pos_embed.pos_embed"].shape == (17, 1, 36) and "agent" not in info
     _assert_trees_equal(convert.import_vit(sd, depth)["params"]["vit"], params["vit"])
   if mode == "joint":  # Two standalone models, as the authors' joint training loads them.
-    agent_sd = load_file(str(tmp_path / "run.agent.safetensors"))
+    assert info["agent_weights"] == "run.agent.safetensors"
+    agent_sd = load_file(str(tmp_path / info["agent_weights"]))
     got = convert.import_agent(agent_sd, depth, heads)
     assert "layers.0.cnn_block.conv.weight" in agent_sd  # 9 heads: Agent-S's Conv_SL.
     assert agent_sd["layers.1.norm2.num_batches_tracked"] == 3
@@ -185,3 +186,40 @@ def test_command_line_writes_and_refuses_with_exit_2(tmp_path):
   refused = tool(f"--workdir={sparse}", "--format=official", f"--output={tmp_path}/s.safetensors")
   assert refused.returncode == 2, refused.stderr
   assert refused.stderr.strip().splitlines()[-1].startswith("error: config.model.attention=")
+
+
+def _reference_keys(title):
+  """{name: shape} of one model in docs/reference/official_state_dict_keys.md (../shared)."""
+  from tests.conftest import SHARED
+
+  path = SHARED / "reference" / "official_state_dict_keys.md"
+  if not path.exists():
+    pytest.skip(f"{path} not found (../shared is absent)")
+  section = path.read_text().split(f"## {title}", 1)[1].split("```")[1]
+  rows = (line.split(" (", 1) for line in section.strip().splitlines())
+  return {name: tuple(int(n) for n in shape.strip("()").split(",") if n) for name, shape in rows}
+
+
+@pytest.mark.parametrize(
+  "config_arg, title",
+  [
+    ("mode=vit", "ViT-S (config/cifar100/vit/vit-small.yaml)"),
+    ("mode=shared", "Shared ViT-S + res-like agent"),
+    ("mode=agent", "Standalone agent-small-res_like"),
+    ("vitb_cifar100:mode=agent", "Standalone agent-base-res_like"),  # Conv_ManyHead, 6 heads.
+  ],
+)
+def test_official_export_has_exactly_the_keys_and_shapes_the_authors_models_hold(config_arg, title):
+  want = _reference_keys(title)
+  name, _, arg = config_arg.rpartition(":")
+  config = load_config(name or "vits_cifar100", arg)
+  models = build_models(config)
+  size = config.image_size
+  shapes = jax.eval_shape(models.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
+  zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+  run = export.Run(config, 1, zeros["params"], zeros["batch_stats"], [])
+  files, _ = export.official_export(run)
+  assert list(files) == [""]
+  got = {name: tuple(value.shape) for name, value in files[""].items()}
+  assert sorted(set(got) ^ set(want)) == []
+  assert got == want

@@ -241,9 +241,7 @@ def official_export(run: Run) -> tuple[dict[str, dict[str, np.ndarray]], dict[st
 
 def export(workdir: str, fmt: str, output: str, step: int | None = None) -> dict[str, Any]:
   """Writes the export of `workdir` to `output` (+ .json); returns what the JSON holds."""
-  from safetensors.numpy import save_file
-
-  from vitboot_jax import metrics
+  from safetensors.numpy import save
 
   if fmt not in FORMATS:
     _refuse(f"--format={fmt!r} is unknown; choose one of {FORMATS}")
@@ -256,10 +254,8 @@ def export(workdir: str, fmt: str, output: str, step: int | None = None) -> dict
   written = {}
   for suffix, state_dict in files.items():
     path = base + suffix + SUFFIX
-    tmp = f"{path}.tmp-{os.getpid()}"
-    save_file(state_dict, tmp)
-    os.replace(tmp, path)  # A reader never sees half a file; a re-run replaces it whole.
-    written["agent" if suffix else "weights"] = os.path.basename(path)
+    _write_atomically(path, save(state_dict))
+    written["agent_weights" if suffix else "weights"] = os.path.basename(path)
   summary = {
     "format": fmt,
     **written,
@@ -272,8 +268,16 @@ def export(workdir: str, fmt: str, output: str, step: int | None = None) -> dict
     },
     "notes": notes,
   }
-  metrics.write_json(base + ".json", summary)
+  _write_atomically(base + ".json", (json.dumps(summary, indent=2) + "\n").encode())
   return summary
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+  """A reader never sees half a file, and a re-run replaces it whole."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, path)
 
 
 _FLAGS: dict[str, Any] = {}
@@ -299,7 +303,7 @@ def main(argv: Sequence[str]) -> None:
     summary = export(_FLAGS["workdir"].value, _FLAGS["format"].value, output, _FLAGS["step"].value)
   except errors.UsageError as error:
     cli.fail(str(error))
-  names = ", ".join(summary[k] for k in ("weights", "agent") if k in summary)
+  names = ", ".join(summary[k] for k in ("weights", "agent_weights") if k in summary)
   json_name = os.path.basename(output[: -len(SUFFIX)]) + ".json"
   print(f"wrote {names} and {json_name} (step {summary['source']['step']})")
   for note in summary["notes"]:
