@@ -124,7 +124,7 @@ def test_official_agent_with_six_heads_is_a_conv_manyhead(tmp_path):
   assert sd["layers.0.cnn_block.weight"].shape == (36, 36, 6)  # [D_out, D_in, H], Agent-B's.
   got = convert.import_agent(sd, config.model.depth, 6)
   _assert_trees_equal(got, {"params": {"agent": saved[3][0]["agent"]}, "batch_stats": saved[3][1]})
-  assert info["agent"]["conv_block"] == "conv_manyhead" and "vit" not in info
+  assert info["agent"]["conv_block"] == "many_head" and "vit" not in info
 
 
 def test_export_reads_only_and_takes_the_chosen_step(tmp_path):

@@ -304,13 +304,19 @@ def export_vit(vit: Tree, depth: int) -> dict[str, np.ndarray]:
   return write_entries({"params": vit}, vit_entries(depth))
 
 
+def conv_block_for(num_taps: int) -> str:
+  """The official CONV that holds our taps: a Conv_SL (a 3x3 conv, Agent-S) where they fill the
+  3x3 window, else a Conv_ManyHead (Agent-B's 6 heads)."""
+  return "conv_sl" if num_taps == 9 else "many_head"
+
+
 def export_agent(
   params: Tree, batch_stats: Tree, depth: int, num_taps: int, *, stem: str, batches: int = 0
 ) -> dict[str, np.ndarray]:
-  """Our standalone (or joint) agent -> the official `cnn` state_dict. Its CONV is a Conv_SL
-  where the taps fill a 3x3 window (Agent-S), else a Conv_ManyHead (Agent-B)."""
-  conv_block = "conv_sl" if num_taps == 9 else "many_head"
-  entries = agent_entries(depth, num_taps, shared=False, stem=stem, conv_block=conv_block)
+  """Our standalone (or joint) agent -> the official `cnn` state_dict."""
+  entries = agent_entries(
+    depth, num_taps, shared=False, stem=stem, conv_block=conv_block_for(num_taps)
+  )
   return write_entries({"params": params, "batch_stats": batch_stats}, entries, batches)
 
 

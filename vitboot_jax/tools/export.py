@@ -216,7 +216,7 @@ def official_export(run: Run) -> tuple[dict[str, dict[str, np.ndarray]], dict[st
     heads = int(run.config.model.num_heads)
     info["agent"] = dict(
       input_proj=stem,
-      conv_block="shared" if mode == "shared" else ("conv_sl" if heads == 9 else "conv_manyhead"),
+      conv_block="shared" if mode == "shared" else convert.conv_block_for(heads),
       num_taps=heads,
       pre_norm=bool(a.pre_norm),
       down_sample_layers=list(a.downsample_after),
