@@ -352,6 +352,39 @@ class Checkpointer:
     )
 
 
+def complete_steps(directory: epath.PathLike) -> list[int]:
+  """The complete steps in a `checkpoints/` directory, oldest first; reads only (a Checkpointer
+  would move unfinished saves aside), so tools may look at a run that is still training."""
+  directory = epath.Path(directory)
+  if not directory.is_dir():
+    return []
+  return sorted(int(d.name) for d in directory.iterdir() if d.name.isdigit() and _has_marker(d))
+
+
+def stored_tree(step_dir: epath.PathLike) -> PyTree:
+  """The tree of one complete step directory, with metadata leaves (shape, dtype); reads only."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    return handler.metadata(epath.Path(step_dir) / _ITEM).tree
+  finally:
+    handler.close()
+
+
+def read_on_host(step_dir: epath.PathLike, wanted: PyTree) -> PyTree:
+  """The arrays of `wanted` (a subtree of `stored_tree(step_dir)`) as numpy, on the host; the
+  rest (e.g. the optimizer state) is not read. Reads only."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    target = jax.tree.map(lambda m: np.empty(m.shape, m.dtype), wanted)
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    return handler.restore(
+      epath.Path(step_dir) / _ITEM,
+      args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
+    )
+  finally:
+    handler.close()
+
+
 _WRITE_FIX = {
   errno.ENOSPC: "Free disk space (or move the workdir to a larger disk)",
   errno.EDQUOT: "Free space within your disk quota",

@@ -77,43 +77,28 @@ def _orbax_step_dir(path: epath.Path) -> epath.Path:
     return path
   if (path / checkpoint.CHECKPOINT_SUBDIR).is_dir():
     path = path / checkpoint.CHECKPOINT_SUBDIR
-  steps = [
-    int(d.name)
-    for d in path.iterdir()
-    if d.name.isdigit() and (d / checkpoint.COMMIT_MARKER).exists()
-  ]
+  steps = checkpoint.complete_steps(path)
   if not steps:
     raise FileNotFoundError(
       f"config.init_from={path} is a directory without a complete orbax checkpoint; give a "
       "workdir of a run that saved one (checkpoints/<step>/commit_success.txt) or a weights file"
     )
-  return path / str(max(steps))
+  return path / str(steps[-1])
 
 
 def read_orbax_vit(path: str) -> dict[str, Any]:
   """The ViT parameters (numpy) of our newest complete checkpoint under `path`."""
-  import orbax.checkpoint as ocp
-
-  item = _orbax_step_dir(epath.Path(path)) / checkpoint._ITEM  # noqa: SLF001
-  handler = ocp.PyTreeCheckpointHandler()
-  try:
-    stored = handler.metadata(item).tree
-    vit = stored.get("params", {}).get("vit") if isinstance(stored, dict) else None
-    if vit is None:
-      raise ValueError(
-        f"the checkpoint in {item.parent} has no ViT (params/vit): it was written by a run "
-        "without one (mode agent or cnn); give a run of mode vit, joint or shared"
-      )
-    # Only the ViT's arrays are read, as numpy on the host (the optimizer state is skipped).
-    wanted = {"params": {"vit": jax.tree.map(lambda m: np.empty(m.shape, m.dtype), vit)}}
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
-    restored = handler.restore(
-      item,
-      args=ocp.args.PyTreeRestore(item=wanted, restore_args=restore_args, partial_restore=True),
+  step_dir = _orbax_step_dir(epath.Path(path))
+  stored = checkpoint.stored_tree(step_dir)
+  vit = stored.get("params", {}).get("vit") if isinstance(stored, dict) else None
+  if vit is None:
+    raise ValueError(
+      f"the checkpoint in {step_dir} has no ViT (params/vit): it was written by a run "
+      "without one (mode agent or cnn); give a run of mode vit, joint or shared"
     )
-  finally:
-    handler.close()
-  logging.info("init_from: read the ViT of checkpoint %s", item.parent)
+  # Only the ViT's arrays are read, as numpy on the host (the optimizer state is skipped).
+  restored = checkpoint.read_on_host(step_dir, {"params": {"vit": vit}})
+  logging.info("init_from: read the ViT of checkpoint %s", step_dir)
   return restored["params"]["vit"]
 
 

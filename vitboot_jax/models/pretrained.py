@@ -7,6 +7,8 @@ Two steps, both pure numpy on parameter trees:
    also under `models.vit.` as its joint/shared checkpoints hold it), and ours flattened
    (`block_0/attn/qkv/kernel`). Both PyTorch layouts store the fused qkv as [Q | K | V] with
    heads contiguous inside each third, as our kernel's columns, so it maps by transposition.
+   The timm table (`timm_entries`) and the official one (models/convert.py) also export:
+   `timm_state_dict` and convert.export_* are their inverses (tools/export.py).
 2. `fit_vit_params` fits that tree to the model a config builds, as timm does when it loads a
    checkpoint into a model of another shape: a head for another class count is replaced by the
    model's fresh one, position embeddings for another patch grid are resampled (bicubic,
@@ -90,10 +92,10 @@ class _Keys:
   def __init__(self, state_dict: dict[str, np.ndarray]):
     self.sd, self.used = state_dict, set()
 
-  def __contains__(self, key: str) -> bool:
+  def has(self, key: str) -> bool:
     return key in self.sd
 
-  def __call__(self, key: str) -> np.ndarray:
+  def get(self, key: str) -> np.ndarray:
     if key not in self.sd:
       raise ValueError(
         f"pre-trained weights lack {key!r}, which every timm/DeiT ViT has: give the model's full "
@@ -106,39 +108,60 @@ class _Keys:
     return sorted(set(self.sd) - self.used)
 
 
+def timm_entries(depth: int, head: bool = True) -> list[convert.Entry]:
+  """timm's VisionTransformer tensors (pre-norm, cls token, learned pos_embed, qkv bias), as
+  convert's entries: `read_entries` imports them, `write_entries` exports them."""
+  Entry = convert.Entry
+  linear = lambda ours, name: [
+    Entry(("params", *ours, "kernel"), (name + ".weight",), convert.LINEAR),
+    Entry(("params", *ours, "bias"), (name + ".bias",)),
+  ]
+  norm = lambda ours, name: [
+    Entry(("params", *ours, "scale"), (name + ".weight",)),
+    Entry(("params", *ours, "bias"), (name + ".bias",)),
+  ]
+  entries = [
+    Entry(("params", "cls"), ("cls_token",)),
+    Entry(("params", "pos_embed"), ("pos_embed",)),
+    Entry(("params", "patch_embed", "kernel"), ("patch_embed.proj.weight",), convert.CONV),
+    Entry(("params", "patch_embed", "bias"), ("patch_embed.proj.bias",)),
+    *norm(("norm",), "norm"),
+    *(linear(("head",), "head") if head else []),
+  ]
+  for layer in range(depth):
+    b, ours = f"blocks.{layer}.", (f"block_{layer}",)
+    entries += [
+      *norm((*ours, "ln1"), b + "norm1"),
+      *norm((*ours, "ln2"), b + "norm2"),
+      *linear((*ours, "attn", "qkv"), b + "attn.qkv"),
+      *linear((*ours, "attn", "out"), b + "attn.proj"),
+      *linear((*ours, "mlp", "fc1"), b + "mlp.fc1"),
+      *linear((*ours, "mlp", "fc2"), b + "mlp.fc2"),
+    ]
+  return entries
+
+
 def _timm_vit(state_dict: dict[str, np.ndarray]) -> Tree:
   for key in state_dict:
     for marker, meaning in _TIMM_UNSUPPORTED.items():
       if marker in key:
         raise ValueError(f"pre-trained weights hold {key!r}: {meaning}")
   get = _Keys(state_dict)
-  linear = lambda name: {"kernel": get(name + ".weight").T, "bias": get(name + ".bias")}
-  norm = lambda name: {"scale": get(name + ".weight"), "bias": get(name + ".bias")}
-  params: Tree = {
-    "cls": get("cls_token"),
-    "pos_embed": get("pos_embed"),
-    "patch_embed": {
-      "kernel": get("patch_embed.proj.weight").transpose(2, 3, 1, 0),  # OIHW -> HWIO.
-      "bias": get("patch_embed.proj.bias"),
-    },
-    "norm": norm("norm"),
-  }
-  if "head.weight" in get:  # A headless (num_classes=0) export gets the model's fresh head.
-    params["head"] = linear("head")
-  for layer in range(_depth(state_dict, r"blocks\.(\d+)\.")):
-    b = f"blocks.{layer}."
-    params[f"block_{layer}"] = {
-      "ln1": norm(b + "norm1"),
-      "ln2": norm(b + "norm2"),
-      "attn": {"qkv": linear(b + "attn.qkv"), "out": linear(b + "attn.proj")},
-      "mlp": {"fc1": linear(b + "mlp.fc1"), "fc2": linear(b + "mlp.fc2")},
-    }
+  # A headless (num_classes=0) export gets the model's fresh head.
+  entries = timm_entries(_depth(state_dict, r"blocks\.(\d+)\."), head="head.weight" in state_dict)
+  params = convert.read_entries(get, entries)["params"]
   if get.leftovers():
     raise ValueError(
       f"pre-trained timm weights hold parameters our ViT has no place for: {get.leftovers()[:8]}; "
       "use a plain ViT/DeiT checkpoint (pre-norm, cls token, learned pos_embed, qkv bias)"
     )
   return params
+
+
+def timm_state_dict(vit: Tree) -> dict[str, np.ndarray]:
+  """Our ViT parameters -> a timm VisionTransformer state_dict (the inverse of `_timm_vit`)."""
+  depth = sum(1 for name in vit if name.startswith("block_"))
+  return convert.write_entries({"params": vit}, timm_entries(depth))
 
 
 def _official_vit(state_dict: dict[str, np.ndarray], prefix: str) -> Tree:

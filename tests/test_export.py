@@ -1,0 +1,225 @@
+"""tools/export.py: a run's ViT (and agent) out to timm's and the authors' layouts, and back."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from tests.config_files import REPO, load_config
+from vitboot_jax import checkpoint, configlib, errors, init_from, metrics
+from vitboot_jax.models import convert, pretrained
+from vitboot_jax.models.build import build_models, build_vit
+from vitboot_jax.tools import export
+
+
+def _run(tmp_path, arg, steps=(3,), name="run", **model):
+  """A workdir as training leaves it (config.json, orbax steps of params, batch_stats and an
+  optimizer state), every parameter and BatchNorm statistic drawn at random, so no tensor is
+  symmetric or constant. Shapes come from eval_shape: nothing is compiled."""
+  config = load_config("tiny_config", arg)
+  config.model.update(model)
+  models = build_models(config)
+  shapes = jax.eval_shape(models.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  rng = np.random.default_rng(0)
+  draw = lambda s: rng.normal(size=s.shape).astype(s.dtype)
+  workdir = tmp_path / name
+  saved = {}
+  with checkpoint.Checkpointer(workdir, async_save=False) as ckpt:
+    for step in steps:
+      params = jax.tree.map(draw, shapes["params"])
+      stats = jax.tree.map(lambda s: np.abs(draw(s)), shapes["batch_stats"])
+      opt_state = {"mu": jax.tree.map(draw, shapes["params"])}  # Never read by an export.
+      state = {"step": np.int32(step), "params": params, "batch_stats": stats, "opt": opt_state}
+      ckpt.save(step, state, force=True)
+      saved[step] = params, stats
+  metrics.write_json(workdir / "config.json", json.loads(config.to_json_best_effort()))
+  return config, saved, str(workdir)
+
+
+def _assert_trees_equal(got, want):
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def _assert_vit_round_trip(config, vit, path):
+  """init_from of the exported file gives the same ViT parameters and logits, bit for bit."""
+  model = build_vit(config)
+  images = np.random.default_rng(1).normal(size=(2, 32, 32, 3)).astype(np.float32)
+  fresh = jax.tree.map(
+    lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(model.init, jax.random.key(1), images)
+  )["params"]
+  loaded = pretrained.fit_vit_params(init_from.read_vit_params(path), fresh, log=print)
+  _assert_trees_equal(loaded, vit)
+  logits = jax.jit(lambda p: model.apply({"params": p}, images)[0])
+  np.testing.assert_array_equal(np.asarray(logits(loaded)), np.asarray(logits(vit)))
+
+
+def test_timm_export_reads_back_identically_with_timm_names_and_model_args(tmp_path):
+  config, saved, workdir = _run(tmp_path, "mode=vit")
+  out = str(tmp_path / "vit.safetensors")
+  export.export(workdir, "timm", out)
+  vit = saved[3][0]["vit"]
+  _assert_vit_round_trip(config, vit, out)
+  sd = load_file(out)
+  assert len(sd) == 8 + 12 * config.model.depth  # cls, pos, patch w/b, norm w/b, head w/b.
+  assert sd["pos_embed"].shape == (1, 17, 36) and sd["cls_token"].shape == (1, 1, 36)
+  assert sd["patch_embed.proj.weight"].shape == (36, 3, 8, 8)
+  np.testing.assert_array_equal(
+    sd["blocks.1.attn.qkv.weight"], vit["block_1"]["attn"]["qkv"]["kernel"].T
+  )
+  np.testing.assert_array_equal(sd["blocks.0.mlp.fc2.bias"], vit["block_0"]["mlp"]["fc2"]["bias"])
+  info = json.loads((tmp_path / "vit.json").read_text())
+  assert info["model_args"] == dict(
+    img_size=32, patch_size=8, in_chans=3, num_classes=10, global_pool="token", embed_dim=36,
+    depth=2, num_heads=9, mlp_ratio=2.0, qkv_bias=True, class_token=True, no_embed_class=False,
+    pre_norm=False, fc_norm=False,
+  )  # fmt: skip
+  assert info["eps"] == config.model.ln_eps and info["weights"] == "vit.safetensors"
+  mean, std = configlib.NORMALISATION[config.data.normalisation]
+  assert (info["mean"], info["std"]) == (list(mean), list(std))
+  assert info["source"]["step"] == 3 and info["notes"] == []
+
+
+@pytest.mark.parametrize("mode", ["vit", "joint", "shared"])
+def test_official_export_reads_back_identically(tmp_path, mode):
+  config, saved, workdir = _run(tmp_path, f"mode={mode}")
+  params, stats = saved[3]
+  out = str(tmp_path / "run.safetensors")
+  info = export.export(workdir, "official", out)
+  _assert_vit_round_trip(config, params["vit"], out)
+  depth, heads = config.model.depth, config.model.num_heads
+  sd = load_file(out)
+  if mode == "vit":
+    assert sd["pos_embed.pos_embed"].shape == (17, 1, 36) and "agent" not in info
+    _assert_trees_equal(convert.import_vit(sd, depth)["params"]["vit"], params["vit"])
+  if mode == "joint":  # Two standalone models, as the authors' joint training loads them.
+    assert info["agent_weights"] == "run.agent.safetensors"
+    agent_sd = load_file(str(tmp_path / info["agent_weights"]))
+    got = convert.import_agent(agent_sd, depth, heads)
+    assert "layers.0.cnn_block.conv.weight" in agent_sd  # 9 heads: Agent-S's Conv_SL.
+    assert agent_sd["layers.1.norm2.num_batches_tracked"] == 3
+    _assert_trees_equal(got, {"params": {"agent": params["agent"]}, "batch_stats": stats})
+  if mode == "shared":  # One JointModel state_dict; the tied tensors under both names.
+    got = convert.import_shared(sd, depth, heads)
+    _assert_trees_equal(got, {"params": params, "batch_stats": stats})
+    np.testing.assert_array_equal(
+      sd["models.cnn.layers.1.cnn_block.mhsa.linear_qkv.weight"],
+      sd["models.vit.transformer.layers.1.attention.linear_qkv.weight"],
+    )
+  if mode != "vit":  # The tiny config's 32-px stem is none of the authors' input projections.
+    assert any("config.agent.stem='small'" in note for note in info["notes"])
+
+
+def test_official_agent_with_six_heads_is_a_conv_manyhead(tmp_path):
+  config, saved, workdir = _run(tmp_path, "mode=agent", num_heads=6)
+  out = str(tmp_path / "agent.safetensors")
+  info = export.export(workdir, "official", out)
+  sd = load_file(out)
+  assert sd["layers.0.cnn_block.weight"].shape == (36, 36, 6)  # [D_out, D_in, H], Agent-B's.
+  got = convert.import_agent(sd, config.model.depth, 6)
+  _assert_trees_equal(got, {"params": {"agent": saved[3][0]["agent"]}, "batch_stats": saved[3][1]})
+  assert info["agent"]["conv_block"] == "many_head" and "vit" not in info
+
+
+def test_export_reads_only_and_takes_the_chosen_step(tmp_path):
+  _, saved, workdir = _run(tmp_path, "mode=vit,drloc=0.5", steps=(2, 4))
+  os.mkdir(os.path.join(workdir, "checkpoints", "6"))  # A save cut short: a Checkpointer moves it.
+  before = sorted(
+    (p, os.stat(os.path.join(p, n)).st_mtime_ns) for p, _, f in os.walk(workdir) for n in f
+  )
+  info = export.export(workdir, "timm", str(tmp_path / "old.safetensors"), step=2)
+  after = sorted(
+    (p, os.stat(os.path.join(p, n)).st_mtime_ns) for p, _, f in os.walk(workdir) for n in f
+  )
+  assert after == before and os.path.isdir(os.path.join(workdir, "checkpoints", "6"))
+  got = init_from.read_vit_params(str(tmp_path / "old.safetensors"))
+  _assert_trees_equal(got, saved[2][0]["vit"])
+  assert info["source"]["step"] == 2
+  assert any("drloc_vit" in note and "not exported" in note for note in info["notes"])
+  with pytest.raises(errors.WorkdirError, match=r"--step=3 is not a complete checkpoint.*\[2, 4\]"):
+    export.export(workdir, "timm", str(tmp_path / "x.safetensors"), step=3)
+
+
+@pytest.mark.parametrize(
+  "arg, model, fmt, message",
+  [
+    ("mode=vit,attention=entmax", {}, "timm", "attention='entmax'.*softmax attention only"),
+    ("mode=vit,attention=entmax", {}, "official", "attention='entmax'.*alpha is not on record"),
+    ("mode=agent", {}, "timm", "mode 'agent'.* has none; --format=official exports its agent"),
+    ("mode=agent,taps=centered", {"num_heads": 4}, "official", "taps='centered' with 4 heads"),
+    ("mode=cnn", {}, "official", "mode 'cnn' trains a CNN baseline"),
+  ],
+)
+def test_what_a_format_cannot_express_is_refused_by_name(arg, model, fmt, message):
+  config = load_config("tiny_config", arg)
+  config.model.update(model)
+  names = {"vit": ("vit",), "agent": ("agent",), "cnn": ("cnn",)}[config.mode]
+  run = export.Run(config, 1, {name: {} for name in names}, {}, [])
+  with pytest.raises(errors.UsageError, match=message):
+    (export.timm_export if fmt == "timm" else export.official_export)(run)
+
+
+def test_bad_arguments_are_refused_before_reading(tmp_path):
+  with pytest.raises(errors.UsageError, match="must end in .safetensors"):
+    export.export(str(tmp_path), "timm", str(tmp_path / "vit.pth"))
+  with pytest.raises(errors.WorkdirError, match="has no config.json"):
+    export.export(str(tmp_path), "timm", str(tmp_path / "vit.safetensors"))
+
+
+@pytest.mark.slow
+def test_command_line_writes_and_refuses_with_exit_2(tmp_path):
+  _, _, good = _run(tmp_path, "mode=vit", name="good")
+  _, _, sparse = _run(tmp_path, "mode=vit,attention=entmax", name="sparse")
+  tool = lambda *args: subprocess.run(
+    [sys.executable, "-m", "vitboot_jax.tools.export", *args],
+    env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+  )  # fmt: skip
+  done = tool(f"--workdir={good}", f"--output={tmp_path}/vit.safetensors")
+  assert done.returncode == 0, done.stderr
+  assert "wrote vit.safetensors and vit.json (step 3)" in done.stdout
+  refused = tool(f"--workdir={sparse}", "--format=official", f"--output={tmp_path}/s.safetensors")
+  assert refused.returncode == 2, refused.stderr
+  assert refused.stderr.strip().splitlines()[-1].startswith("error: config.model.attention=")
+
+
+def _reference_keys(title):
+  """{name: shape} of one model in docs/reference/official_state_dict_keys.md (../shared)."""
+  from tests.conftest import SHARED
+
+  path = SHARED / "reference" / "official_state_dict_keys.md"
+  if not path.exists():
+    pytest.skip(f"{path} not found (../shared is absent)")
+  section = path.read_text().split(f"## {title}", 1)[1].split("```")[1]
+  rows = (line.split(" (", 1) for line in section.strip().splitlines())
+  return {name: tuple(int(n) for n in shape.strip("()").split(",") if n) for name, shape in rows}
+
+
+@pytest.mark.parametrize(
+  "config_arg, title",
+  [
+    ("mode=vit", "ViT-S (config/cifar100/vit/vit-small.yaml)"),
+    ("mode=shared", "Shared ViT-S + res-like agent"),
+    ("mode=agent", "Standalone agent-small-res_like"),
+    ("vitb_cifar100:mode=agent", "Standalone agent-base-res_like"),  # Conv_ManyHead, 6 heads.
+  ],
+)
+def test_official_export_has_exactly_the_keys_and_shapes_the_authors_models_hold(config_arg, title):
+  want = _reference_keys(title)
+  name, _, arg = config_arg.rpartition(":")
+  config = load_config(name or "vits_cifar100", arg)
+  models = build_models(config)
+  size = config.image_size
+  shapes = jax.eval_shape(models.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
+  zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+  run = export.Run(config, 1, zeros["params"], zeros["batch_stats"], [])
+  files, _ = export.official_export(run)
+  assert list(files) == [""]
+  got = {name: tuple(value.shape) for name, value in files[""].items()}
+  assert sorted(set(got) ^ set(want)) == []
+  assert got == want
