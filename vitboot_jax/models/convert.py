@@ -55,14 +55,6 @@ def _norm(r: _Reader, name: str) -> Tree:
   return {"scale": r.get(name + ".weight"), "bias": r.get(name + ".bias")}
 
 
-def _bn_stats(r: _Reader, name: str, required: bool) -> Tree | None:
-  if not required and not r.has(name + ".running_mean"):
-    return None
-  if r.has(name + ".num_batches_tracked"):
-    r.get(name + ".num_batches_tracked")
-  return {"mean": r.get(name + ".running_mean"), "var": r.get(name + ".running_var")}
-
-
 def vit_params(r: _Reader, depth: int, prefix: str = "", tied_prefix: str | None = None) -> Tree:
   """The ViT subtree. `tied_prefix` is the shared agent's prefix, where the tied tensors may be
   listed instead (the golden gradients list each tied tensor once, under the agent's name)."""
