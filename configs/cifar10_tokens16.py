@@ -10,7 +10,7 @@ block at 56x56 and the rest at 28 and 14 against 14x14 tokens; here the stem kee
 ("small_full"), block 0 runs at 32x32 (twice the token grid) and the later blocks at 16x16.
 
 Command (tfds `cifar10`, prepared on first use; an image folder of CIFAR-10 instead:
-`--config.data.name=folder --config.data.dir=ROOT` with `ROOT/{train,test}/<class>/*.png`):
+`--config.data.name=folder --config.data.dir=ROOT` with `ROOT/{train,test}/<class>/*.jpg`):
   python -m vitboot_jax.main --config=configs/cifar10_tokens16.py:mode=vit,epochs=10 \
     --workdir=workdirs/tokens16_vit
 All rows (5 modes x 2 seeds, Table 4 in joint mode) through the replication runner:
@@ -18,11 +18,8 @@ All rows (5 modes x 2 seeds, Table 4 in joint mode) through the replication runn
     --data_dir=../shared/data/cifar10
 Args: mode=shared|joint|vit|agent (default shared), epochs=N (default 10), and the method
 switches of configs/common.py (align=none, kd=0, feature=0, decay=none, ...).
-Time per epoch on the 2-core dev VM (commit f74a8ee, matmul peak 199 GFLOP/s: benchmark step x
-78 steps + 10,000 test images at the evaluation step's rate): ViT alone 3.4 min training + 2.0
-min evaluation, agent alone 3.8 + 1.5, joint 7.1 + 3.3, shared 6.3 + 2.7 (10 epochs: ~55, 55,
-105 and 90 min). On one H100 (TF32), 8 runs sharing the GPU: 39-222 s per 10-epoch run.
-Results (every row, 2 seeds; README "Small-scale replication"): docs/results.md.
+Time per epoch on a 2-core CPU and per run on one H100, and the results (every row, 2 seeds;
+README "Small-scale replication"): docs/results.md.
 """
 
 from configs import common

@@ -14,8 +14,8 @@ Command:
 
 Official recipe: 224 px (CIFAR upsampled), batch 64, 240 epochs, AdamW 1e-3 wd 0.05 on every leaf,
 per-epoch cosine, no warmup; shared loss weights ce .5/.5, kd .5/.5 (T=4), feature 5 (decaying).
-Hardware and time: the paper used 2 GPUs (batch 32 each); 240 epochs are ~187k steps. On one
-modern GPU with --config.compute_dtype=bfloat16 expect about a day (not measured here).
+Hardware: the paper used 2 GPUs (batch 32 each); 240 epochs are ~187k steps. Step times
+measured on GPUs: docs/accelerators.md.
 Expected top-1 (the paper's): `python -m vitboot_jax.tools.sweep --table=cifar10`.
 The official repository ships no CIFAR-10 configs: this is the CIFAR-100 recipe on CIFAR-10, as
 the README says to do.

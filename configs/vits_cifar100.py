@@ -14,9 +14,8 @@ Command:
 
 Official recipe: 224 px (CIFAR upsampled), batch 64, 240 epochs, AdamW 1e-3 wd 0.05 on every leaf,
 per-epoch cosine, no warmup; shared loss weights ce .5/.5, kd .5/.5 (T=4), feature 5 (decaying).
-Hardware and time: the paper used 2 GPUs (batch 32 each); 240 epochs are ~187k steps. One H200
-ran the shared step in 24.5 ms (float32, i.e. TF32): ~77 min of steps; the input pipeline and the
-evaluations there are not measured yet (docs/accelerators.md).
+Hardware: the paper used 2 GPUs (batch 32 each); 240 epochs are ~187k steps. Step times
+measured on GPUs: docs/accelerators.md.
 Expected top-1 (the paper's): `python -m vitboot_jax.tools.sweep --table=cifar100`.
 """
 

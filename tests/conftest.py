@@ -69,11 +69,33 @@ def full_float32_matmuls():
     yield
 
 
+_GOLDEN_MISSING = "golden vectors not found at"
+
+
 @pytest.fixture(scope="session")
 def golden_dir():
   if not GOLDEN_DIR.is_dir():
-    pytest.skip(f"golden vectors not found at {GOLDEN_DIR} (../shared is absent)")
+    pytest.skip(f"{_GOLDEN_MISSING} {GOLDEN_DIR} (../shared is absent)")
   return GOLDEN_DIR
+
+
+def pytest_terminal_summary(terminalreporter):
+  """One loud line when the fidelity tests skipped: a clone without ../shared passes without
+  checking that the models compute what the authors' code computes."""
+  skipped = [
+    r for r in terminalreporter.stats.get("skipped", []) if _GOLDEN_MISSING in str(r.longrepr)
+  ]
+  if not skipped:
+    return
+  files = " ".join(sorted({r.nodeid.split("::")[0] for r in skipped}))
+  tests = "test" if len(skipped) == 1 else "tests"
+  terminalreporter.write_sep(
+    "!",
+    f"{len(skipped)} fidelity (golden) {tests} skipped: no golden vectors at {GOLDEN_DIR}; put "
+    f"the shared folder beside the repository or run VITBOOT_SHARED=DIR python -m pytest {files}",
+    red=True,
+    bold=True,
+  )
 
 
 @pytest.fixture(scope="session")

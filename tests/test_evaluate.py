@@ -90,3 +90,34 @@ def test_sharded_eval_step_gathers_nothing():
   ops = hlo.opcodes(compiled)
   assert not ops & hlo.GATHERS_AND_EXCHANGES
   assert "all-reduce" in ops
+
+
+class _FixedLogits:
+  """A stand-in ModelSet whose models return fixed logits, whatever the images."""
+
+  def __init__(self, logits):
+    self.logits = logits
+
+  def apply(self, variables, images, train):
+    del variables, images, train
+    return {name: (logits, {}) for name, logits in self.logits.items()}, {}
+
+
+@pytest.mark.parametrize("keep", [0.7, 0.0])
+def test_eval_step_sums_the_masked_cross_entropy_of_every_model(keep):
+  rng = np.random.default_rng(3)
+  logits = {m: rng.normal(0, 3, (32, 10)).astype(np.float32) for m in ("vit", "agent")}
+  labels = rng.integers(0, 10, 32)
+  mask = (rng.random(32) < keep).astype(np.float32)
+  step = evaluate.make_eval_step(_FixedLogits({m: jnp.asarray(v) for m, v in logits.items()}))
+  batch = {"image": jnp.zeros((32, 1)), "label": jnp.asarray(labels), "mask": jnp.asarray(mask)}
+  sums = step(None, None, batch)
+  assert float(sums["count"]) == mask.sum()
+  for name, x in logits.items():
+    x = x.astype(np.float64)
+    log_probs = x - x.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    nll = -log_probs[np.arange(32), labels]
+    assert float(sums[name]["ce"]) == pytest.approx((mask * nll).sum(), rel=1e-5, abs=1e-6)
+    top1 = (x.argmax(-1) == labels) * mask
+    assert float(sums[name]["top1"]) == top1.sum()

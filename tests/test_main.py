@@ -173,7 +173,7 @@ def test_finished_workdir_refuses_another_config_and_reruns_the_same(uninterrupt
   same = ["--config.num_epochs=3", "--config.checkpoint_every_steps=4"]
   before = (uninterrupted / "metrics.jsonl").read_text()
   proc, _ = _main(*base, "--config.num_epochs=4")
-  _assert_usage_error(proc, "holds a finished run of a different config (fields: num_epochs)")
+  _assert_usage_error(proc, "holds a finished run of a different config (num_epochs: 3 -> 4)")
   proc, _ = _main(*base, *same)
   assert proc.returncode == 0 and "already holds a finished run" in proc.stderr
   assert (uninterrupted / "metrics.jsonl").read_text() == before

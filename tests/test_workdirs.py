@@ -45,15 +45,39 @@ def test_without_a_checkpoint_any_config_is_accepted(tmp_path):
 def test_unfinished_run_refuses_another_config(tmp_path):
   _write_run(tmp_path, _config(num_epochs=5), checkpoint_step=8)
   assert workdirs.check(tmp_path, _config(num_epochs=5, log_every_steps=1)) is None
-  with pytest.raises(errors.WorkdirError, match=r"unfinished run of a different .*num_epochs"):
+  with pytest.raises(errors.WorkdirError, match=r"unfinished run .* \(num_epochs: 5 -> 6\)"):
     workdirs.check(tmp_path, _config(num_epochs=6))
 
 
 def test_finished_run_refuses_another_config_and_returns_its_results(tmp_path):
   _write_run(tmp_path, _config(num_epochs=5), checkpoint_step=30, finished=True)
   assert workdirs.check(tmp_path, _config(num_epochs=5))["top1_vit"] == 0.5
-  with pytest.raises(errors.WorkdirError, match=r"finished run of a different config .*num_epochs"):
+  with pytest.raises(errors.WorkdirError, match=r" finished run .* \(num_epochs: 5 -> 6\)"):
     workdirs.check(tmp_path, _config(num_epochs=6))
+
+
+def test_changed_fields_name_each_leaf_with_both_values(tmp_path):
+  saved = _config(num_epochs=5, mode="shared")
+  saved.optim.lr = 0.001
+  _write_run(tmp_path, saved, checkpoint_step=8)
+  config = _config(num_epochs=5, mode="joint", log_every_steps=7)
+  config.optim.lr = 0.002
+  assert workdirs.changed_fields(json.loads(saved.to_json_best_effort()), config) == [
+    "mode: 'shared' -> 'joint'",
+    "optim.lr: 0.001 -> 0.002",
+  ]
+  with pytest.raises(errors.WorkdirError) as refused:
+    workdirs.check(tmp_path, config)
+  assert "(mode: 'shared' -> 'joint', optim.lr: 0.001 -> 0.002);" in str(refused.value)
+
+
+def test_changed_fields_beyond_a_few_are_counted(tmp_path):
+  saved = _config()
+  _write_run(tmp_path, saved, checkpoint_step=8)
+  config = _config(seed=1, image_size=2, batch_size=3, num_epochs=4, total_steps=5, mode="x")
+  config.optim.lr = 7.0
+  with pytest.raises(errors.WorkdirError, match=r", and 1 more\); use a new --workdir"):
+    workdirs.check(tmp_path, config)
 
 
 def test_workdir_under_a_file(tmp_path):

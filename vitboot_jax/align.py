@@ -19,10 +19,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-PyTree = Any
+from vitboot_jax import configlib
 
-METHODS = ("pcgrad", "none")
-GRANULARITIES = ("global", "per_leaf")
+PyTree = Any
 
 
 def _f32(x: jax.Array) -> jax.Array:
@@ -81,9 +80,10 @@ def align(
     global inner product is negative) and `conflict_fraction` (fraction of leaves with any shared
     entry whose own inner product is negative).
   """
-  if granularity not in GRANULARITIES:
+  if granularity not in configlib.ALIGN_GRANULARITIES:
     raise ValueError(
-      f"config.align_granularity={granularity!r} is unknown; choose one of {GRANULARITIES}"
+      f"config.align_granularity={granularity!r} is unknown; choose one of "
+      f"{configlib.ALIGN_GRANULARITIES}"
     )
   masks = _full_mask(mask, g_agent)
   a_m = jax.tree.map(_masked, g_agent, masks)
@@ -144,8 +144,8 @@ def combine(
     method: "pcgrad" or "none" (config.align).
     granularity: "global" or "per_leaf" (config.align_granularity).
   """
-  if method not in METHODS:
-    raise ValueError(f"config.align={method!r} is unknown; choose one of {METHODS}")
+  if method not in configlib.ALIGN_METHODS:
+    raise ValueError(f"config.align={method!r} is unknown; choose one of {configlib.ALIGN_METHODS}")
   aligned, info = align(g_agent, g_vit, granularity=granularity, mask=shared_mask)
   if method == "none":
     return jax.tree.map(lambda v, a: v + a, g_vit, g_agent), info

@@ -21,7 +21,11 @@ ATTENTION_INITS = ("mimetic", "impulse3", "impulse5")
 FEATURE_DECAYS = ("epoch", "step", "none")  # How the feature-loss weight decays (losses.py).
 ADAPTERS = ("seq1d", "pool2d")  # Feature size adaptation (losses.py).
 
-KERNELS = ("auto", "xla", "cpu")
+# The one list of each choice, checked here before anything heavy is imported and imported by the
+# modules that implement the choices (align.py, losses.py, models/kernels.py).
+KERNELS = ("auto", "xla", "cpu")  # Kernel sets (models/kernels.py).
+ALIGN_METHODS = ("pcgrad", "none")  # align.py
+ALIGN_GRANULARITIES = ("global", "per_leaf")  # align.py
 
 # Official per-dataset normalisation (the CIFAR-100 std reuses CIFAR-10's, as the official code).
 NORMALISATION = {
@@ -240,9 +244,10 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     )
   if c.loss.adapt not in ADAPTERS:
     raise ConfigError(f"config.loss.adapt={c.loss.adapt!r} is unknown; choose one of {ADAPTERS}")
-  if c.align not in ("pcgrad", "none"):
-    raise ConfigError(f"config.align={c.align!r} is unknown; choose 'pcgrad' or 'none'")
-  if c.align_granularity not in ("global", "per_leaf"):
+  if c.align not in ALIGN_METHODS:
+    raise ConfigError(f"config.align={c.align!r} is unknown; choose one of {ALIGN_METHODS}")
+  if c.align_granularity not in ALIGN_GRANULARITIES:
     raise ConfigError(
-      f"config.align_granularity={c.align_granularity!r} is unknown; choose 'global' or 'per_leaf'"
+      f"config.align_granularity={c.align_granularity!r} is unknown; choose one of "
+      f"{ALIGN_GRANULARITIES}"
     )

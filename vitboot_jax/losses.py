@@ -19,8 +19,6 @@ import jax.numpy as jnp
 from vitboot_jax import configlib
 
 FORMULAS = ("official", "paper")
-ADAPTERS = configlib.ADAPTERS
-DECAY_PER = configlib.FEATURE_DECAYS
 
 
 def cross_entropy(
@@ -105,7 +103,7 @@ def _adapt(
     if n_vit > n_agent:
       return _pool_grid2d(vit, src, dst), agent
     return vit, _pool_grid2d(agent, src, dst)
-  raise ValueError(f"config.loss.adapt={adapt!r} is unknown; choose one of {ADAPTERS}")
+  raise ValueError(f"config.loss.adapt={adapt!r} is unknown; choose one of {configlib.ADAPTERS}")
 
 
 def _layer_norm(x: jax.Array, eps: float) -> jax.Array:
@@ -204,5 +202,7 @@ def feature_weight(
   elif per == "step":
     e = step.astype(jnp.float32) / steps_per_epoch
   else:
-    raise ValueError(f"config.loss.feature_decay={per!r} is unknown; choose one of {DECAY_PER}")
+    raise ValueError(
+      f"config.loss.feature_decay={per!r} is unknown; choose one of {configlib.FEATURE_DECAYS}"
+    )
   return jnp.maximum(0.0, 1.0 - e / num_epochs)

@@ -35,9 +35,6 @@ from vitboot_jax import (
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.state import TrainState
 
-FINAL_FILE = workdirs.FINAL_FILE
-CONFIG_FILE = workdirs.CONFIG_FILE
-
 
 def _total_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
   total = steps_per_epoch * config.num_epochs
@@ -145,7 +142,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer = metrics.MetricWriter(workdir)
   writer.truncate_after(start_step if restored is not None else -1)
   if jax.process_index() == 0:
-    metrics.write_json(workdir / CONFIG_FILE, json.loads(config.to_json_best_effort()))
+    metrics.write_json(workdir / workdirs.CONFIG_FILE, json.loads(config.to_json_best_effort()))
 
   eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches decoded images.
 
@@ -245,7 +242,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     **{k.replace("eval/", ""): v for k, v in eval_metrics.items()},
   }
   if jax.process_index() == 0:
-    metrics.write_json(workdir / FINAL_FILE, final)
+    metrics.write_json(workdir / workdirs.FINAL_FILE, final)
   writer.close()
   ckpt.close()
   logging.info("Finished: %s", json.dumps(final))

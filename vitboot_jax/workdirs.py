@@ -44,11 +44,30 @@ def has_checkpoint(workdir: epath.PathLike) -> bool:
   return any(e.name.isdigit() and (e / COMMIT_MARKER).exists() for e in directory.iterdir())
 
 
+_MAX_CHANGES_SHOWN = 6
+_UNSET = object()
+
+
 def changed_fields(saved: dict[str, Any], config: ml_collections.ConfigDict) -> list[str]:
-  """Top-level config fields that differ from a saved config.json, volatile ones aside."""
+  """`field: saved -> current` for every config leaf that differs from a saved config.json
+  (e.g. `optim.lr: 0.001 -> 0.002`), volatile fields aside, in field order."""
   current = json.loads(config.to_json_best_effort())
-  keys = set(saved) | set(current)
-  return sorted(k for k in keys - VOLATILE_FIELDS if saved.get(k) != current.get(k))
+
+  def diff(old: Any, new: Any, prefix: str) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+      keys = sorted(set(old) | set(new))
+      return [
+        change
+        for k in keys
+        if f"{prefix}{k}" not in VOLATILE_FIELDS
+        for change in diff(old.get(k, _UNSET), new.get(k, _UNSET), f"{prefix}{k}.")
+      ]
+    if old == new:
+      return []
+    show = lambda v: "(unset)" if v is _UNSET else repr(v)
+    return [f"{prefix[:-1]}: {show(old)} -> {show(new)}"]
+
+  return diff(saved, current, "")
 
 
 def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> dict[str, Any] | None:
@@ -70,9 +89,11 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> dict[st
       changed = changed_fields(json.loads(config_path.read_text()), config)
       if changed:
         state = "finished" if finished else "unfinished"
+        more = len(changed) - _MAX_CHANGES_SHOWN
+        shown = ", ".join(changed[:_MAX_CHANGES_SHOWN]) + (f", and {more} more" if more > 0 else "")
         raise errors.WorkdirError(
-          f"--workdir={workdir} holds a {state} run of a different config (fields: "
-          f"{', '.join(changed)}); use a new --workdir, or that run's config to "
+          f"--workdir={workdir} holds a {state} run of a different config ({shown}); use a new "
+          f"--workdir, or that run's config to "
           f"{'read its results' if finished else 'resume it'} ({config_path})"
         )
   if finished:

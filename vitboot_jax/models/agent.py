@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from vitboot_jax import configlib
 from vitboot_jax.models import common, sharing
 from vitboot_jax.models.kernels import XLA, Kernels
 
@@ -57,7 +58,7 @@ def tap_positions(
       range(k * k), key=lambda i: ((raster[i][0] - centre) ** 2 + (raster[i][1] - centre) ** 2, i)
     )
     return k, tuple(raster[i] for i in sorted(by_distance[:num_taps]))
-  raise ValueError(f"config.agent.taps={scheme!r} is unknown; choose 'official' or 'centered'")
+  raise ValueError(f"config.agent.taps={scheme!r} is unknown; choose one of {configlib.TAPS}")
 
 
 def generalised_conv(
@@ -144,7 +145,7 @@ def _inits(init: str) -> dict[str, Any]:
     )
   if init == "standard":
     return dict(patch=common.lecun_normal, stem_bias=common.zeros, mlp_bias=common.zeros)
-  raise ValueError(f"config.agent.init={init!r} is unknown; choose 'official' or 'standard'")
+  raise ValueError(f"config.agent.init={init!r} is unknown; choose one of {configlib.INITS}")
 
 
 class Stem(nn.Module):
@@ -184,8 +185,7 @@ class Stem(nn.Module):
       k1, s1, p1 = 3, 1, 1
     else:
       raise ValueError(
-        f"config.agent.stem={self.kind!r} is unknown; choose 'res_like', 'patch', 'small' or "
-        "'small_full'"
+        f"config.agent.stem={self.kind!r} is unknown; choose one of {configlib.AGENT_STEMS}"
       )
     s2 = 1 if self.kind == "small_full" else 2
     x = nn.Conv(

@@ -68,10 +68,6 @@ def _gelu_jvp(primals, tangents):
   return x * cdf, (cdf + x * pdf) * dx
 
 
-def dtype_of(name: str | None) -> jnp.dtype:
-  return jnp.dtype(name or "float32")
-
-
 def hash32(x: jax.Array) -> jax.Array:
   """A bijective, well-mixing 32-bit integer hash ("lowbias32": two xorshift-multiply rounds).
 

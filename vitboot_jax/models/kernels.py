@@ -22,9 +22,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from vitboot_jax import configlib
 from vitboot_jax.models import common, conv, matmul, softmax_attention
-
-CHOICES = ("auto", "xla", "cpu")
 
 _HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -200,8 +199,8 @@ SETS = {"xla": XLA, "cpu": CPU}
 
 def resolve(choice: str, platform: str) -> str:
   """ "auto" -> "cpu" on CPU devices, "xla" on every accelerator; "xla"/"cpu" stay."""
-  if choice not in CHOICES:
-    raise ValueError(f"config.kernels={choice!r} is unknown; choose one of {CHOICES}")
+  if choice not in configlib.KERNELS:
+    raise ValueError(f"config.kernels={choice!r} is unknown; choose one of {configlib.KERNELS}")
   if choice == "auto":
     return "cpu" if platform == "cpu" else "xla"
   return choice
