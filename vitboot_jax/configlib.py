@@ -11,19 +11,16 @@ from __future__ import annotations
 import ml_collections
 
 from vitboot_jax.errors import ConfigError
+from vitboot_jax.models.choices import AGENT_STEMS, INITS, KERNELS, TAPS  # noqa: F401
 
 MODES = ("vit", "agent", "joint", "shared", "cnn")
-AGENT_STEMS = ("res_like", "patch", "small", "small_full")
-TAPS = ("official", "centered")
-INITS = ("official", "standard")
 # Attention initialisers applied on top of the standard scheme (ViT only).
 ATTENTION_INITS = ("mimetic", "impulse3", "impulse5")
 FEATURE_DECAYS = ("epoch", "step", "none")  # How the feature-loss weight decays (losses.py).
 ADAPTERS = ("seq1d", "pool2d")  # Feature size adaptation (losses.py).
 
 # The one list of each choice, checked here before anything heavy is imported and imported by the
-# modules that implement the choices (align.py, losses.py, models/kernels.py).
-KERNELS = ("auto", "xla", "cpu")  # Kernel sets (models/kernels.py).
+# modules that implement the choices (align.py, losses.py; the models' own: models/choices.py).
 ALIGN_METHODS = ("pcgrad", "none")  # align.py
 ALIGN_GRANULARITIES = ("global", "per_leaf")  # align.py
 

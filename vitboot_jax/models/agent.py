@@ -21,8 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vitboot_jax import configlib
-from vitboot_jax.models import common, sharing
+from vitboot_jax.models import choices, common, sharing
 from vitboot_jax.models.kernels import XLA, Kernels
 
 
@@ -58,7 +57,7 @@ def tap_positions(
       range(k * k), key=lambda i: ((raster[i][0] - centre) ** 2 + (raster[i][1] - centre) ** 2, i)
     )
     return k, tuple(raster[i] for i in sorted(by_distance[:num_taps]))
-  raise ValueError(f"config.agent.taps={scheme!r} is unknown; choose one of {configlib.TAPS}")
+  raise ValueError(f"config.agent.taps={scheme!r} is unknown; choose one of {choices.TAPS}")
 
 
 def generalised_conv(
@@ -145,7 +144,7 @@ def _inits(init: str) -> dict[str, Any]:
     )
   if init == "standard":
     return dict(patch=common.lecun_normal, stem_bias=common.zeros, mlp_bias=common.zeros)
-  raise ValueError(f"config.agent.init={init!r} is unknown; choose one of {configlib.INITS}")
+  raise ValueError(f"config.agent.init={init!r} is unknown; choose one of {choices.INITS}")
 
 
 class Stem(nn.Module):
@@ -185,7 +184,7 @@ class Stem(nn.Module):
       k1, s1, p1 = 3, 1, 1
     else:
       raise ValueError(
-        f"config.agent.stem={self.kind!r} is unknown; choose one of {configlib.AGENT_STEMS}"
+        f"config.agent.stem={self.kind!r} is unknown; choose one of {choices.AGENT_STEMS}"
       )
     s2 = 1 if self.kind == "small_full" else 2
     x = nn.Conv(

@@ -22,8 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from vitboot_jax import configlib
-from vitboot_jax.models import common, conv, matmul, softmax_attention
+from vitboot_jax.models import choices, common, conv, matmul, softmax_attention
 
 _HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -199,8 +198,8 @@ SETS = {"xla": XLA, "cpu": CPU}
 
 def resolve(choice: str, platform: str) -> str:
   """ "auto" -> "cpu" on CPU devices, "xla" on every accelerator; "xla"/"cpu" stay."""
-  if choice not in configlib.KERNELS:
-    raise ValueError(f"config.kernels={choice!r} is unknown; choose one of {configlib.KERNELS}")
+  if choice not in choices.KERNELS:
+    raise ValueError(f"config.kernels={choice!r} is unknown; choose one of {choices.KERNELS}")
   if choice == "auto":
     return "cpu" if platform == "cpu" else "xla"
   return choice
