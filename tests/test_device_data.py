@@ -131,10 +131,10 @@ def test_augmentation_is_keyed_by_seed_epoch_and_index(npz_dir):
     key = device_data.stream_key(config.seed, device_data.AUGMENT_STREAM, epoch)
     index = np.asarray(jax.device_get(dataset.train["index"]))
     lookup = {im.tobytes(): i for i, im in enumerate(jax.device_get(dataset.train["image"]))}
-    for image, crop in zip(plain["image"], got["image"]):
-      i = index[lookup[image.tobytes()]]
-      want = device_preprocess.pad_crop_flip(jnp.asarray(image), jax.random.fold_in(key, i))
-      np.testing.assert_array_equal(crop, np.asarray(want))
+    rows = [lookup[image.tobytes()] for image in plain["image"]]
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(index[rows]))
+    want = jax.jit(jax.vmap(device_preprocess.pad_crop_flip))(jnp.asarray(plain["image"]), keys)
+    np.testing.assert_array_equal(got["image"], np.asarray(want))
     assert (got["image"] != plain["image"]).any()
 
 
@@ -174,10 +174,12 @@ def test_crop_offsets_and_flips_match_the_tfdata_distribution():
 
   draws = 4000
   image = _coordinate_image()
-  tf_crops = [
-    preprocess.pad_crop_flip(tf.constant(image), preprocess.example_seed(0, 0, i)).numpy()
-    for i in range(draws)
-  ]
+  tf_crops = next(
+    tf.data.Dataset.range(draws)
+    .map(lambda i: preprocess.pad_crop_flip(tf.constant(image), preprocess.example_seed(0, 0, i)))
+    .batch(draws)
+    .as_numpy_iterator()
+  )
   keys = jax.random.split(jax.random.key(1), draws)
   batch = jnp.broadcast_to(jnp.asarray(image), (draws, *image.shape))
   jax_crops = np.asarray(jax.jit(device_preprocess.make_augment(_cifar()))(batch, keys))
