@@ -31,6 +31,9 @@ _DATA_DIR = flags.DEFINE_string(
 )
 _NPZ_DIR = flags.DEFINE_string("npz_dir", None, "Also pack the splits into NPZ_DIR/<split>.npz.")
 _SPLITS = flags.DEFINE_list("splits", ["train", "test"], "Splits to pack with --npz_dir.")
+_FRACTION = flags.DEFINE_float(
+  "train_fraction", 1.0, "Pack only this official subset of the first split (to carry less)."
+)
 
 
 def prepare(name: str, data_dir: str | None) -> str:
@@ -54,15 +57,21 @@ def prepare(name: str, data_dir: str | None) -> str:
 
 
 def pack_npz(
-  name: str, data_dir: str | None, out_dir: str, splits: tuple[str, ...] = ("train", "test")
+  name: str,
+  data_dir: str | None,
+  out_dir: str,
+  splits: tuple[str, ...] = ("train", "test"),
+  train_fraction: float = 1.0,
 ) -> list[str]:
   """Writes each split of tfds `name` or of the image folder `data_dir` (name "folder") to
-  OUT/<split>.npz in canonical order, with class_names and (tfds) file_names; returns paths."""
+  OUT/<split>.npz in canonical order, with class_names and (tfds) file_names; returns paths.
+  `train_fraction` < 1 packs that subset of the first split (train it with fraction 1)."""
   from vitboot_jax import configlib, sources
 
   config = configlib.base_config()
   config.data.name, config.data.dir = name, data_dir
   config.data.train_split = splits[0]
+  config.data.train_fraction = train_fraction
   if name == "folder":
     class_names = sources.class_folders(data_dir, splits[0], "train_split")
     file_names = {}
@@ -75,13 +84,14 @@ def pack_npz(
   config.data.num_classes = len(class_names)
   paths = []
   for split in splits:
+    subset = split == splits[0] and train_fraction < 1.0
     if name == "folder":
-      images, labels, _ = sources.split_arrays(config, split, subset=False)
+      images, labels, index = sources.split_arrays(config, split, subset=subset)
     else:
-      images, labels, _ = input_pipeline.split_arrays(config, split, subset=False)
+      images, labels, index = input_pipeline.split_arrays(config, split, subset=subset)
     extra = {"class_names": np.asarray(class_names, str)}
     if file_names.get(split) is not None:
-      extra["file_names"] = np.asarray(file_names[split], str)
+      extra["file_names"] = np.asarray(file_names[split], str)[index]
     path = sources.npz_path(out_dir, split)
     sources.write_npz(path, images, labels, **extra)
     logging.info("Wrote %s: %d images of %s.", path, len(labels), images.shape[1:])
@@ -98,7 +108,7 @@ def main(argv):
     if not _NPZ_DIR.value or not _DATA_DIR.value:
       cli.fail("packing an image folder needs --data_dir=ROOT and --npz_dir=OUT")
     try:
-      paths = pack_npz(name, _DATA_DIR.value, _NPZ_DIR.value, tuple(_SPLITS.value))
+      paths = pack_npz(name, _DATA_DIR.value, _NPZ_DIR.value, tuple(_SPLITS.value), _FRACTION.value)
     except errors.UsageError as error:
       cli.fail(str(error))
     print(f"Packed: {', '.join(paths)}\nTrain on it with --config.data.name=npz ", end="")
@@ -108,7 +118,7 @@ def main(argv):
   try:
     path = prepare(name, _DATA_DIR.value)
     if _NPZ_DIR.value:
-      paths = pack_npz(name, _DATA_DIR.value, _NPZ_DIR.value, tuple(_SPLITS.value))
+      paths = pack_npz(name, _DATA_DIR.value, _NPZ_DIR.value, tuple(_SPLITS.value), _FRACTION.value)
   except errors.UsageError as error:
     cli.fail(str(error))
   if _NPZ_DIR.value:
