@@ -119,6 +119,7 @@ def cifar(name: str) -> dict:
     shuffle_buffer=50_000,
     cache=True,
     eval_batch_size=256,
+    pipeline="tfdata",
   )
 
 
@@ -138,6 +139,7 @@ def imagenet(subset: float) -> dict:
     shuffle_buffer=20_000,
     cache=False,  # Does not fit in memory: stream it.
     eval_batch_size=256,
+    pipeline="tfdata",  # Images of many sizes, GBs: they stay on the host.
   )
 
 
@@ -167,4 +169,5 @@ def cifar10_32px() -> dict:
     shuffle_buffer=5000,
     cache=True,
     eval_batch_size=128,  # Faster than 256 or 64 on 2 CPU cores (docs/performance.md).
+    pipeline="tfdata",
   )

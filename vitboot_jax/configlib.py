@@ -23,6 +23,10 @@ ADAPTERS = ("seq1d", "pool2d")  # Feature size adaptation (losses.py).
 # modules that implement the choices (align.py, losses.py; the models' own: models/choices.py).
 ALIGN_METHODS = ("pcgrad", "none")  # align.py
 ALIGN_GRANULARITIES = ("global", "per_leaf")  # align.py
+# Where batches are made: tf.data on the host, or gathered and augmented in the jitted step from
+# the dataset held on the devices (device_data.py; augmentations it implements: DEVICE_AUGMENTS).
+PIPELINES = ("tfdata", "device")
+DEVICE_AUGMENTS = ("cifar", "none")
 
 # Official per-dataset normalisation (the CIFAR-100 std reuses CIFAR-10's, as the official code).
 NORMALISATION = {
@@ -55,7 +59,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.kernels = "auto"
 
   c.data = ml_collections.ConfigDict()
-  c.data.name = ""  # A tfds name, or "folder" for an image-folder root.
+  c.data.name = ""  # A tfds name, "folder" for an image-folder root, "npz" for DIR/<split>.npz.
+  c.data.pipeline = "tfdata"  # One of PIPELINES.
   c.data.dir = ml_collections.FieldReference(None, field_type=str)  # tfds data_dir or folder root.
   c.data.train_split = "train"
   c.data.eval_split = "test"
@@ -220,6 +225,19 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     raise ConfigError(
       f"config.model.embed_dim={c.model.embed_dim} is not divisible by "
       f"config.model.num_heads={c.model.num_heads}"
+    )
+  pipeline = c.data.get("pipeline", "tfdata")
+  if pipeline not in PIPELINES:
+    raise ConfigError(f"config.data.pipeline={pipeline!r} is unknown; choose one of {PIPELINES}")
+  if pipeline == "device" and c.data.augment not in DEVICE_AUGMENTS:
+    raise ConfigError(
+      f"config.data.pipeline='device' does not implement config.data.augment="
+      f"{c.data.augment!r} (only {DEVICE_AUGMENTS}); use --config.data.pipeline=tfdata"
+    )
+  if pipeline == "device" and num_devices and c.data.eval_batch_size % num_devices:
+    raise ConfigError(
+      f"config.data.eval_batch_size={c.data.eval_batch_size} is not divisible by the "
+      f"{num_devices} devices; use a multiple of {num_devices}"
     )
   if not 0.0 < c.data.train_fraction <= 1.0:
     raise ConfigError(f"config.data.train_fraction={c.data.train_fraction} must be in (0, 1]")

@@ -21,7 +21,7 @@ import urllib.parse
 import ml_collections
 from absl import logging
 
-from vitboot_jax import errors, progress
+from vitboot_jax import errors, progress, sources
 
 PREPARE_COMMAND = "python -m vitboot_jax.tools.prepare_data {name} --data_dir={data_dir}"
 FOLDER_FLAGS = "--config.data.name=folder --config.data.dir=ROOT"
@@ -34,10 +34,13 @@ def ensure(config: ml_collections.ConfigDict, *, may_download: bool) -> None:
 
   Raises:
     errors.DataError: The data is missing and cannot be prepared here; the message says how.
-    errors.ConfigError: config.data.name is neither 'folder' nor a tfds dataset.
+    errors.ConfigError: config.data.name is neither 'folder', 'npz' nor a tfds dataset.
   """
   if config.data.name == "folder":
     _check_folder(config)
+    return
+  if config.data.name == "npz":
+    sources.check_npz_dir(config)
     return
   _check_not_a_folder(config)
   builder = tfds_builder(config.data.name, config.data.dir)

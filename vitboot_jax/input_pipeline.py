@@ -25,7 +25,6 @@ within a run so that a resumed run sees the same order.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator
 
@@ -35,7 +34,13 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vitboot_jax import configlib, errors, preprocess
+from vitboot_jax import configlib, errors, preprocess, sources
+from vitboot_jax.sources import (  # noqa: F401  (public here as before)
+  IMAGE_EXTENSIONS,
+  DatasetInfo,
+  UnreadableImageError,
+  subset_indices,
+)
 
 # TensorFlow is only the input pipeline here: keep it off every accelerator so it never reserves
 # GPU memory that JAX needs. This fails harmlessly if TF has already initialised its devices.
@@ -44,65 +49,13 @@ try:
 except (RuntimeError, ValueError):
   pass
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 _AUTOTUNE = tf.data.AUTOTUNE
-_FOLDER_HINT = "point --config.data.dir at a folder with {split}/<class>/*.jpg (or .jpeg/.png)"
-
-
-class UnreadableImageError(ValueError):
-  """An image file or record that cannot be decoded; the message names it and the fix."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetInfo:
-  """Sizes the trainer needs before it sees any batch (schedules, logging, eval padding)."""
-
-  num_train_examples: int  # After config.data.train_fraction.
-  num_eval_examples: int
-  num_classes: int
-  steps_per_epoch: int  # num_train_examples // config.batch_size (the official drop_last).
-  class_names: tuple[str, ...]
+_FOLDER_HINT = sources.FOLDER_HINT
 
 
 # ---------------------------------------------------------------------------------------------
-# The paper's subsets.
-
-
-def subset_indices(
-  labels: np.ndarray, fraction: float, file_names: np.ndarray | None = None
-) -> np.ndarray:
-  """Sorted indices of the official class-balanced subset (docs/reference/official_pytorch_code.md
-  §5, `make_partial`).
-
-  Class c's examples, sorted by file name (the official code lists each class folder sorted;
-  without `file_names`: in the split's canonical order, which for an image folder is the same),
-  are permuted with `np.random.default_rng(seed=c)` and the first round(n_c * fraction) kept.
-  The permutation does not depend on `fraction`, so smaller subsets are nested in larger ones.
-  `fraction` is in (0, 1] (configlib.validate); one that keeps no example is refused here.
-  """
-  labels = np.asarray(labels, np.int64)
-  if labels.size and labels.min() < 0:
-    raise ValueError(f"labels must be non-negative class indices, got {labels.min()}")
-  if fraction == 1.0:
-    return np.arange(labels.size, dtype=np.int64)
-  by_name = np.arange(labels.size) if file_names is None else np.argsort(file_names, kind="stable")
-  by_class = by_name[np.argsort(labels[by_name], kind="stable")]  # Within a class: by name.
-  counts = np.bincount(labels)
-  keep = []
-  for c, members in enumerate(np.split(by_class, np.cumsum(counts)[:-1])):
-    order = np.random.default_rng(seed=c).permutation(len(members))
-    keep.append(members[order[: round(len(members) * fraction)]])
-  out = np.sort(np.concatenate(keep)) if keep else np.zeros([0], np.int64)
-  if out.size == 0:
-    raise ValueError(
-      f"config.data.train_fraction={fraction} leaves no training example; use a larger fraction"
-    )
-  return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Sources. Both give examples as {"index", "ref", "label"} in the split's canonical order, where
-# "ref" is what `fetch` turns into a uint8 image (a file path or encoded bytes).
+# Sources. All give examples as {"index", "ref", "label"} in the split's canonical order, where
+# "ref" is what `fetch` turns into a uint8 image (a file path, encoded bytes or the image).
 
 
 class _FolderSource:
@@ -118,10 +71,11 @@ class _FolderSource:
         f"config.data.dir={self.root!r} not found; "
         + _FOLDER_HINT.format(split=config.data.train_split)
       )
-    self.class_names = tuple(_class_folders(self.root, config.data.train_split, "train_split"))
+    classes = sources.class_folders(self.root, config.data.train_split, "train_split")
+    self.class_names = tuple(classes)
 
   def _listing(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-    return _list_folder(self.root, split, _field(split, self.train_split), self.class_names)
+    return sources.list_folder(self.root, split, _field(split, self.train_split), self.class_names)
 
   def labels(self, split: str) -> np.ndarray:
     return self._listing(split)[1]
@@ -263,79 +217,58 @@ class _TfdsSource:
     return preprocess.decode(ref)
 
 
-def _field(split: str, train_split: str) -> str:
-  """The config field an error about `split` should name."""
-  return "train_split" if split == train_split else "eval_split"
+class _NpzSource:
+  """DIR/<split>.npz arrays (sources.read_npz), the same files the device pipeline reads."""
+
+  cheap_refs = True  # The images are in memory already: a full shuffle buffer adds nothing.
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.root, self.train_split = config.data.dir, config.data.train_split
+    self.class_names = sources.npz_class_names(config)
+
+  def _arrays(self, split: str) -> dict[str, np.ndarray]:
+    arrays = sources.read_npz(self.root, split, self.train_split)
+    where = sources.npz_path(self.root, split)
+    sources.check_labels(arrays["labels"], len(self.class_names), where)
+    return arrays
+
+  def labels(self, split: str) -> np.ndarray:
+    return self._arrays(split)["labels"]
+
+  def file_names(self, split: str) -> np.ndarray | None:
+    return self._arrays(split).get("file_names")
+
+  def count(self, split: str) -> int:
+    return len(self.labels(split))
+
+  def examples(self, split: str, indices: np.ndarray | None = None) -> tf.data.Dataset:
+    arrays = self._arrays(split)
+    index = np.arange(len(arrays["labels"]), dtype=np.int64) if indices is None else indices
+    return tf.data.Dataset.from_tensor_slices(
+      {"index": index, "ref": arrays["images"][index], "label": arrays["labels"][index]}
+    )
+
+  def range_examples(self, split: str, start: int, stop: int) -> tf.data.Dataset:
+    return self.examples(split, np.arange(start, stop, dtype=np.int64))
+
+  @staticmethod
+  def fetch(ref: tf.Tensor) -> tf.Tensor:
+    return ref
+
+
+_field = sources.split_field
 
 
 _LABEL_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray | None]] = {}
-_LISTING_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _class_folders(root: str, split: str, field: str) -> list[str]:
-  split_dir = os.path.join(root, split)
-  if not os.path.isdir(split_dir):
-    raise errors.DataError(
-      f"config.data.dir={root!r} has no {split!r} folder (config.data.{field}={split!r}); "
-      + _FOLDER_HINT.format(split=split)
-    )
-  classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and e.name[0] != ".")
-  if not classes:
-    raise errors.DataError(
-      f"config.data.dir={root!r}: {split_dir} has no class subfolders; "
-      + _FOLDER_HINT.format(split=split)
-    )
-  return classes
+_Source = _FolderSource | _NpzSource | _TfdsSource
 
 
-def _list_folder(
-  root: str, split: str, field: str, class_names: tuple[str, ...]
-) -> tuple[np.ndarray, np.ndarray]:
-  """(paths, labels) in canonical order: classes sorted, then file names sorted."""
-  folders = _class_folders(root, split, field)
-  split_dir = os.path.join(root, split)
-  # Cached per directory state, so repeated calls (info, train, eval) list a big folder once.
-  key = (
-    root,
-    split,
-    class_names,
-    tuple(os.stat(os.path.join(split_dir, c)).st_mtime_ns for c in folders),
-  )
-  if key in _LISTING_CACHE:
-    return _LISTING_CACHE[key]
-  class_index = {name: i for i, name in enumerate(class_names)}
-  unknown = [c for c in folders if c not in class_index]
-  if unknown:
-    raise ValueError(
-      f"config.data.dir={root!r}: classes {unknown[:5]} in {split!r} are not in the "
-      f"{len(class_names)} training classes; the splits must use the same class folders"
-    )
-  paths, labels = [], []
-  for name in folders:
-    class_dir = os.path.join(split_dir, name)
-    files = sorted(
-      e.name
-      for e in os.scandir(class_dir)
-      if e.is_file() and e.name[0] != "." and e.name.lower().endswith(IMAGE_EXTENSIONS)
-    )
-    paths.extend(os.path.join(class_dir, f) for f in files)
-    labels.extend([class_index[name]] * len(files))
-  if not paths:
-    raise errors.DataError(
-      f"config.data.dir={root!r}: no images under {split_dir}/<class>/; "
-      + _FOLDER_HINT.format(split=split)
-    )
-  empty = [p for p in paths if os.path.getsize(p) == 0]  # Interrupted copies; one stat each.
-  if empty:
-    raise UnreadableImageError(_unreadable_message(empty, "it is empty (0 bytes)"))
-  out = np.array(paths), np.array(labels, np.int64)
-  _LISTING_CACHE[key] = out
-  return out
-
-
-def _source(config: ml_collections.ConfigDict) -> _FolderSource | _TfdsSource:
+def _source(config: ml_collections.ConfigDict) -> _Source:
   """Opens config.data's source and checks its class count against config.data.num_classes."""
-  source = _FolderSource(config) if config.data.name == "folder" else _TfdsSource(config)
+  kinds = {"folder": _FolderSource, "npz": _NpzSource}
+  source = kinds.get(config.data.name, _TfdsSource)(config)
   if len(source.class_names) != config.data.num_classes:
     raise errors.ConfigError(
       f"config.data.num_classes={config.data.num_classes} but the data "
@@ -345,7 +278,7 @@ def _source(config: ml_collections.ConfigDict) -> _FolderSource | _TfdsSource:
   return source
 
 
-def _train_subset(source: _FolderSource | _TfdsSource, config: ml_collections.ConfigDict):
+def _train_subset(source: _Source, config: ml_collections.ConfigDict):
   """The official subset of the training split, by file name where the source knows them (tfds
   imagenet2012's file_name, cifar10's id), so tfds and an image folder of the same images select
   the same ones."""
@@ -386,18 +319,6 @@ def split_labels(config: ml_collections.ConfigDict, split: str) -> np.ndarray:
   return _source(config).labels(split)
 
 
-def _steps_per_epoch(config: ml_collections.ConfigDict, num_train: int) -> int:
-  """Full batches per epoch (the official drop_last); at least one, or the batch is too large."""
-  steps = num_train // config.batch_size
-  if steps == 0:
-    raise ValueError(
-      f"config.batch_size={config.batch_size} is larger than the {num_train} training examples "
-      f"(config.data.train_fraction={config.data.train_fraction}); use a smaller batch or a "
-      "larger fraction"
-    )
-  return steps
-
-
 def dataset_info(config: ml_collections.ConfigDict) -> DatasetInfo:
   source = _source(config)
   if config.data.train_fraction == 1.0:
@@ -408,9 +329,45 @@ def dataset_info(config: ml_collections.ConfigDict) -> DatasetInfo:
     num_train_examples=num_train,
     num_eval_examples=source.count(config.data.eval_split),
     num_classes=len(source.class_names),
-    steps_per_epoch=_steps_per_epoch(config, num_train),
+    steps_per_epoch=sources.steps_per_epoch(config, num_train),
     class_names=source.class_names,
   )
+
+
+def split_arrays(
+  config: ml_collections.ConfigDict, split: str, *, subset: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(images uint8 [N, H, W, 3], labels, index) of a split, decoded here for the device pipeline
+  (sources.split_arrays without TensorFlow for folders and .npz); `subset`: the train subset."""
+  source = _source(config)
+  keep = None
+  if subset and config.data.train_fraction < 1.0:
+    keep = _train_subset(source, config)
+  ds = source.examples(split, keep).map(
+    lambda ex: (source.fetch(ex["ref"]), ex["label"], ex["index"]),
+    num_parallel_calls=_AUTOTUNE,
+    deterministic=True,
+  )
+  images, labels, index = [], [], []
+  try:
+    for image, label, i in ds.as_numpy_iterator():
+      if images and image.shape != images[0].shape:
+        raise errors.DataError(
+          f"config.data.pipeline='device' holds a split as one array, but {config.data.name} "
+          f"{split!r} has images of {images[0].shape} and {image.shape}; use "
+          "--config.data.pipeline=tfdata"
+        )
+      images.append(image)
+      labels.append(label)
+      index.append(i)
+  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+    message = _find_unreadable(config, split, e)
+    if message is None:
+      raise
+    raise UnreadableImageError(message) from None
+  if not images:
+    return np.zeros([0, 0, 0, 3], np.uint8), np.zeros([0], np.int64), np.zeros([0], np.int64)
+  return np.stack(images), np.asarray(labels, np.int64), np.asarray(index, np.int64)
 
 
 def train_dataset(
@@ -435,7 +392,7 @@ def train_dataset(
     keep = _train_subset(source, config)
     num = len(keep)
     base = source.examples(split, keep)
-  steps = _steps_per_epoch(config, num)
+  steps = sources.steps_per_epoch(config, num)
   start_epoch, skip_steps = divmod(start_step, steps)
 
   fetch = source.fetch
@@ -572,15 +529,6 @@ def numpy_batches(
 # Unreadable inputs: found only after TensorFlow failed to decode one, whose error names no file.
 
 
-def _unreadable_message(paths: list[str], why: str) -> str:
-  more = f" (and {len(paths) - 1} more: {', '.join(paths[1:4])}{', ...' if len(paths) > 4 else ''})"
-  return (
-    f"Cannot read image file {paths[0]}: {why}{more if len(paths) > 1 else ''}. Replace or "
-    "delete the file(s) and re-run the same command (a run in progress resumes from its last "
-    "checkpoint)."
-  )
-
-
 def _find_unreadable(config: ml_collections.ConfigDict, split: str, error: Exception) -> str | None:
   """Decodes every image of `split` in parallel to name those TensorFlow cannot read (None: all
   decode)."""
@@ -608,4 +556,4 @@ def _find_unreadable(config: ml_collections.ConfigDict, split: str, error: Excep
     why = "TensorFlow cannot decode it"
   except tf.errors.OpError as own_error:  # The file's own error: "Invalid PNG data, size 1586".
     why = own_error.message.split(" [Op:", 1)[0].strip()
-  return _unreadable_message(bad, f"it is not a complete JPEG/PNG image: {why}")
+  return sources.unreadable_message(bad, f"it is not a complete JPEG/PNG image: {why}")

@@ -6,7 +6,10 @@ checkpoint in DIR; a finished run exits at once; another config in DIR is refuse
 
 Data: a tfds dataset is downloaded and prepared on first use into config.data.dir or tfds' default
 directory ($TFDS_DATA_DIR, else ~/tensorflow_datasets); an image folder is
-`--config.data.name=folder --config.data.dir=ROOT`. A mistake in the command (config, data,
+`--config.data.name=folder --config.data.dir=ROOT`; arrays are `--config.data.name=npz
+--config.data.dir=DIR` (DIR/train.npz, DIR/test.npz). With `--config.data.pipeline=device` the
+dataset is held on the accelerators and augmented there; on a folder or .npz such a run needs no
+TensorFlow. A mistake in the command (config, data,
 workdir) prints one line and exits with code 2.
 
 Multi-process (several hosts, or several processes on one host): on TPU VMs and under SLURM,
@@ -98,9 +101,12 @@ def main(argv):
       split = cpu_devices.split_host_for(config, requested=_CPU_DEVICES.value)
   except errors.UsageError as error:
     cli.fail(str(error))
-  # TensorFlow is only the input pipeline: it must never take an accelerator from JAX.
-  tf = progress.import_tensorflow()
-  tf.config.set_visible_devices([], "GPU")
+  from vitboot_jax import sources
+
+  if sources.uses_tensorflow(config):
+    # TensorFlow is only the input pipeline: it must never take an accelerator from JAX.
+    tf = progress.import_tensorflow()
+    tf.config.set_visible_devices([], "GPU")
   initialise_distributed()
   import jax
 

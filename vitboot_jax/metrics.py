@@ -1,15 +1,18 @@
 """The run's outputs in its workdir: metrics.jsonl, TensorBoard events and JSON summaries.
 
 `metrics.jsonl` is the machine-readable record the tools read (one `{"step": N, ...}` object a
-line); TensorBoard gets the same scalars through clu. Only process 0 writes files, so a pod run
-leaves one copy. A run killed after its last checkpoint leaves lines that its resumed run will
-write again: `truncate_after(restored_step)` drops them first, so no step appears twice.
+line); TensorBoard gets the same scalars as event files written with the `tensorboard` package's
+own writer, which needs no TensorFlow (without that package: metrics.jsonl alone, said once).
+Only process 0 writes files, so a pod run leaves one copy. A run killed after its last
+checkpoint leaves lines that its resumed run will write again: `truncate_after(restored_step)`
+drops them first, so no step appears twice.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,16 +21,17 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-try:
-  from clu import metric_writers
-except ModuleNotFoundError as _error:
-  if (_error.name or "").partition(".")[0] != "tensorboard":
-    raise
-  # TensorFlow >= 2.21 no longer pulls TensorBoard in, but clu's event writer needs it.
-  raise ModuleNotFoundError(
-    "vitboot_jax.metrics needs the `tensorboard` package: pip install tensorboard",
-    name="tensorboard",
-  ) from _error
+try:  # TensorFlow-free: clu's writer would import TensorFlow.
+  from tensorboard.compat.proto import (
+    event_pb2,
+    summary_pb2,
+    tensor_pb2,
+    tensor_shape_pb2,
+    types_pb2,
+  )
+  from tensorboard.summary.writer.event_file_writer import EventFileWriter
+except ImportError:
+  EventFileWriter = None
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -115,6 +119,50 @@ def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
   return _parse_lines(path.read_text(), path)
 
 
+class _EventWriter:
+  """TensorBoard scalars (the scalars plugin's float tensors, as tf.summary.scalar writes them)."""
+
+  def __init__(self, logdir: str):
+    self._events = EventFileWriter(logdir)  # Writes from its own thread.
+    self._metadata = summary_pb2.SummaryMetadata(
+      plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+    )
+
+  def write_scalars(self, step: int, values: Mapping[str, int | float]) -> None:
+    summary = summary_pb2.Summary(
+      value=[
+        summary_pb2.Summary.Value(
+          tag=name,
+          metadata=self._metadata,
+          tensor=tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_FLOAT,
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+            float_val=[float(value)],
+          ),
+        )
+        for name, value in values.items()
+      ]
+    )
+    self._events.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+
+  def flush(self) -> None:
+    self._events.flush()
+
+  def close(self) -> None:
+    self._events.close()
+
+
+class _NoEvents:
+  def write_scalars(self, step: int, values: Mapping[str, int | float]) -> None:
+    pass
+
+  def flush(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
 class MetricWriter:
   """Writes scalars per step to metrics.jsonl and to TensorBoard event files in `workdir`."""
 
@@ -123,7 +171,7 @@ class MetricWriter:
 
     Args:
       workdir: The run's directory; created if missing.
-      asynchronous: Write TensorBoard events from a background thread.
+      asynchronous: Unused (kept for callers): the event writer always has its own thread.
     """
     self._workdir = epath.Path(workdir)
     self._path = self._workdir / METRICS_FILE
@@ -131,12 +179,12 @@ class MetricWriter:
     if self._is_writer:
       self._workdir.mkdir(parents=True, exist_ok=True)
     # No LoggingWriter: the console gets progress.py's compact line, not every scalar.
-    writers = [metric_writers.SummaryWriter(os.fspath(self._workdir))] if self._is_writer else []
-    self._writer = (
-      metric_writers.AsyncMultiWriter(writers)
-      if asynchronous
-      else metric_writers.MultiWriter(writers)
-    )
+    del asynchronous
+    self._writer = _NoEvents()
+    if self._is_writer and EventFileWriter is None:
+      logging.info("No `tensorboard` package: metrics go to %s alone.", self._path)
+    elif self._is_writer:
+      self._writer = _EventWriter(os.fspath(self._workdir))
 
   @property
   def path(self) -> epath.Path:

@@ -25,7 +25,7 @@ from vitboot_jax import (
   configlib,
   datasets,
   evaluate,
-  input_pipeline,
+  feeds,
   metrics,
   preemption,
   progress,
@@ -122,7 +122,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   datasets.ensure(config, may_download=jax.process_count() == 1)
 
   mesh = sharding.make_mesh()
-  info = input_pipeline.dataset_info(config)
+  feed = feeds.open_feed(config, mesh)  # What each jitted call takes: host batches or device data.
+  info = feed.info
   steps_per_epoch = info.steps_per_epoch
   total_steps = _total_steps(config, steps_per_epoch)
   trainer = trainer_lib.build(config, mesh, steps_per_epoch)
@@ -144,13 +145,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   if jax.process_index() == 0:
     metrics.write_json(workdir / workdirs.CONFIG_FILE, json.loads(config.to_json_best_effort()))
 
-  eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches decoded images.
-
   def run_eval(state: TrainState, stop: preemption.StopSignals | None = None) -> dict[str, float]:
     """Evaluates `state`; a signal to `stop` raises preemption.EvaluationInterrupted."""
-    local = input_pipeline.numpy_batches(eval_dataset, config, config.data.eval_split)
-    batches = (sharding.global_batch(b, mesh) for b in local)
-    batches = progress_log.eval_batches(batches, num_eval_batches)
+    batches = progress_log.eval_batches(feed.eval_batches(), num_eval_batches)
     if stop is not None:
       batches = stop.interrupting(batches)
     in_flight = models.kernels.eval_batches_in_flight
@@ -199,7 +196,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   )
   train_start = time.perf_counter()
   eval_metrics: dict[str, float] = {}
-  batches = input_pipeline.train_batches(config, start_step=start_step)
+  feeding = feed.train(start_step)
   finite = _FiniteCheck(ckpt)
   with preemption.StopSignals() as stop:
     if _evaluation_missing(workdir, start_step, eval_every, total_steps):
@@ -208,7 +205,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       except preemption.EvaluationInterrupted:
         raise evaluation_cut(stop, start_step) from None
     for step in range(start_step + 1, total_steps + 1):
-      state, step_metrics = train_step(state, sharding.global_batch(next(batches), mesh))
+      state, step_metrics = train_step(state, next(feeding))
       finite.add(step, step_metrics)
       is_last = step == total_steps
       if step % config.log_every_steps == 0 or is_last:

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from vitboot_jax import device_preprocess, evaluate, init_from, optim, sharding, steps
+from vitboot_jax import device_data, device_preprocess, evaluate, init_from, optim, sharding, steps
 from vitboot_jax.models import attention_init
 from vitboot_jax.models.build import ModelSet, build_models
 from vitboot_jax.models.kernels import Kernels
@@ -62,7 +62,8 @@ class Trainer:
   state_sharding: TrainState  # A sharding per leaf of the state.
   abstract_state: TrainState  # ShapeDtypeStructs carrying those shardings (checkpoint restore).
   init: Callable[[jax.Array], TrainState]  # Jitted: rng -> fresh state, written sharded.
-  train_step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]  # Jitted, donates state.
+  # Jitted, donates state: (state, batch), or (state, data) with config.data.pipeline="device".
+  train_step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
   eval_step: Callable[..., dict[str, Any]]  # Jitted (params, batch_stats, batch) -> sums.
   prepare: Callable[[jax.Array], jax.Array]  # Finishes shipped images on the device.
 
@@ -110,8 +111,11 @@ def build(
   abstract_state = jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sharding
   )
+  step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch)
+  if config.data.get("pipeline", "tfdata") == "device":  # The batch is made inside the step.
+    step = device_data.feeding(step, config, mesh, steps_per_epoch)
   train_step = jax.jit(
-    steps.make_train_step(config, models, tx, schedule, steps_per_epoch),
+    step,
     donate_argnums=0,
     out_shardings=(state_sharding, replicated),
   )

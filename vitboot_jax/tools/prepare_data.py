@@ -8,17 +8,32 @@ machine with internet, copy DIR where the run can read it if needed, and train w
 `--config.data.dir=DIR`. Without --data_dir: tfds' default ($TFDS_DATA_DIR, else
 ~/tensorflow_datasets). Datasets that tfds cannot download (imagenet2012) get tfds' manual
 instructions: put the archives in DIR/downloads/manual and run this again.
+
+  python -m vitboot_jax.tools.prepare_data cifar10 --npz_dir=OUT [--data_dir=DIR]
+  python -m vitboot_jax.tools.prepare_data folder --data_dir=ROOT --npz_dir=OUT
+
+pack whole splits (--splits, default train,test) into OUT/<split>.npz, the compact form to carry
+to a machine without TensorFlow: train there with `--config.data.name=npz --config.data.dir=OUT`
+(either pipeline; config.data.train_fraction selects the same subset as from the source).
 """
 
 from __future__ import annotations
 
 import sys
 
+import numpy as np
 from absl import app, flags, logging
 
 from vitboot_jax import cli, errors, progress
 
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data directory (default: tfds' own).")
+_DATA_DIR = flags.DEFINE_string(
+  "data_dir", None, "tfds data directory (default: tfds' own), or the image folder's root."
+)
+_NPZ_DIR = flags.DEFINE_string("npz_dir", None, "Also pack the splits into NPZ_DIR/<split>.npz.")
+_SPLITS = flags.DEFINE_list("splits", ["train", "test"], "Splits to pack with --npz_dir.")
+_FRACTION = flags.DEFINE_float(
+  "train_fraction", 1.0, "Pack only this official subset of the first split (to carry less)."
+)
 
 
 def prepare(name: str, data_dir: str | None) -> str:
@@ -41,15 +56,74 @@ def prepare(name: str, data_dir: str | None) -> str:
   return builder.data_dir
 
 
+def pack_npz(
+  name: str,
+  data_dir: str | None,
+  out_dir: str,
+  splits: tuple[str, ...] = ("train", "test"),
+  train_fraction: float = 1.0,
+) -> list[str]:
+  """Writes each split of tfds `name` or of the image folder `data_dir` (name "folder") to
+  OUT/<split>.npz in canonical order, with class_names and (tfds) file_names; returns paths.
+  `train_fraction` < 1 packs that subset of the first split (train it with fraction 1)."""
+  from vitboot_jax import configlib, sources
+
+  config = configlib.base_config()
+  config.data.name, config.data.dir = name, data_dir
+  config.data.train_split = splits[0]
+  config.data.train_fraction = train_fraction
+  if name == "folder":
+    class_names = sources.class_folders(data_dir, splits[0], "train_split")
+    file_names = {}
+  else:
+    from vitboot_jax import input_pipeline
+
+    info = input_pipeline._TfdsSource(config)
+    class_names = info.class_names
+    file_names = {split: info.file_names(split) for split in splits}
+  config.data.num_classes = len(class_names)
+  paths = []
+  for split in splits:
+    subset = split == splits[0] and train_fraction < 1.0
+    if name == "folder":
+      images, labels, index = sources.split_arrays(config, split, subset=subset)
+    else:
+      images, labels, index = input_pipeline.split_arrays(config, split, subset=subset)
+    extra = {"class_names": np.asarray(class_names, str)}
+    if file_names.get(split) is not None:
+      extra["file_names"] = np.asarray(file_names[split], str)[index]
+    path = sources.npz_path(out_dir, split)
+    sources.write_npz(path, images, labels, **extra)
+    logging.info("Wrote %s: %d images of %s.", path, len(labels), images.shape[1:])
+    paths.append(path)
+  return paths
+
+
 def main(argv):
   if len(argv) != 2:
     cli.fail("give one tfds dataset name, e.g. prepare_data cifar10 --data_dir=DIR")
   progress.quiet_libraries()
+  name = argv[1]
+  if name == "folder":
+    if not _NPZ_DIR.value or not _DATA_DIR.value:
+      cli.fail("packing an image folder needs --data_dir=ROOT and --npz_dir=OUT")
+    try:
+      paths = pack_npz(name, _DATA_DIR.value, _NPZ_DIR.value, tuple(_SPLITS.value), _FRACTION.value)
+    except errors.UsageError as error:
+      cli.fail(str(error))
+    print(f"Packed: {', '.join(paths)}\nTrain on it with --config.data.name=npz ", end="")
+    print(f"--config.data.dir={_NPZ_DIR.value}")
+    return
   progress.import_tensorflow()
   try:
-    path = prepare(argv[1], _DATA_DIR.value)
+    path = prepare(name, _DATA_DIR.value)
+    if _NPZ_DIR.value:
+      paths = pack_npz(name, _DATA_DIR.value, _NPZ_DIR.value, tuple(_SPLITS.value), _FRACTION.value)
   except errors.UsageError as error:
     cli.fail(str(error))
+  if _NPZ_DIR.value:
+    print(f"Packed: {', '.join(paths)}; train on it with --config.data.name=npz ", end="")
+    print(f"--config.data.dir={_NPZ_DIR.value}")
   print(f"Prepared: {path}\nTrain on it with --config.data.name={argv[1]} ", end="")
   print(f"--config.data.dir={_DATA_DIR.value}" if _DATA_DIR.value else "(tfds' default dir)")
   sys.stdout.flush()

@@ -238,7 +238,9 @@ def compile_mode_step(
   `compiler_options` are XLA debug options for this one compilation (compiler-flag A/Bs).
   """
   config = mode_config(config, mode, batch, dtype)
-  trainer = trainer_lib.build(config, mesh, _STEPS_PER_EPOCH, kernels=kernels)
+  step_config = config.copy_and_resolve_references()
+  step_config.data.pipeline = "tfdata"  # The step alone takes a batch, whatever the pipeline.
+  trainer = trainer_lib.build(step_config, mesh, _STEPS_PER_EPOCH, kernels=kernels)
   state = trainer.fresh_state()  # Timings do not depend on the weights' values.
   data = synthetic_batch(config, batch, mesh)
   macs = costs.count_macs(_xla_train_step(config, trainer.tx, trainer.schedule), state, data)
@@ -249,11 +251,26 @@ def compile_mode_step(
 
 
 def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
-  """Per-step wall time of train.py's loop on real batches: data, transfer, step, logging."""
-  from vitboot_jax import input_pipeline  # TensorFlow only when real data is asked for.
+  """Per-step wall time of train.py's loop on real batches: data, transfer, step, logging.
 
-  config = step.config
-  batches = input_pipeline.train_batches(config)
+  With config.data.pipeline="device" the loop's step makes its batch from the dataset on the
+  devices (its compilation is in the warm-up); "loop_data_s" is then only the host's feed.
+  """
+  from vitboot_jax import device_data, feeds  # TensorFlow only for the tf.data pipeline.
+
+  config, trainer = step.config, step.trainer
+  feed = feeds.open_feed(config, step.mesh)
+  batches = feed.train(0)
+  train_step = trainer.train_step
+  if feed.on_device:
+    pure = step_lib.make_train_step(
+      config, trainer.models, trainer.tx, trainer.schedule, _STEPS_PER_EPOCH
+    )
+    train_step = jax.jit(
+      device_data.feeding(pure, config, step.mesh, feed.info.steps_per_epoch),
+      donate_argnums=0,
+      out_shardings=(trainer.state_sharding, trainer.replicated),
+    )
   log_every = max(1, int(config.log_every_steps))
   state = step.state
   data_s = 0.0
@@ -263,9 +280,9 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
       jax.block_until_ready(state)
       start, data_s = time.perf_counter(), 0.0
     fetch = time.perf_counter()
-    batch = sharding.global_batch(next(batches), step.mesh)
+    batch = next(batches)
     data_s += time.perf_counter() - fetch
-    state, metrics = step.trainer.train_step(state, batch)
+    state, metrics = train_step(state, batch)
     if (i + 1) % log_every == 0:
       _ = {k: float(v) for k, v in jax.device_get(metrics).items()}  # As train.py logs.
   jax.block_until_ready(state)

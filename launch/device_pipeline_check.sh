@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The dataset-on-the-device pipeline on a GPU/TPU host without TensorFlow (issue 43's evidence):
+#   bash launch/device_pipeline_check.sh OUT [NPZ_DIR]
+# 1. devices.txt: jax and its devices; whether TensorFlow imports (it need not).
+# 2. NPZ_DIR/{train,test}.npz: used as is; else packed here from an image folder of CIFAR-10
+#    (${VITBOOT_SHARED:-../shared}/data/cifar10, 10% of train + all of test, with PIL), else
+#    class-coloured noise of CIFAR's shape (5,000 + 1,000 images).
+# 3. run_a: `main` on CONFIG (default configs/vits_cifar100.py, ViT-S + Agent-S at 224 px, batch
+#    64) with pipeline=device for STEPS steps (default 300), an evaluation every STEPS/2, an
+#    orbax checkpoint every CKPT (default 100).
+# 4. run_b: the same command, a SIGTERM once checkpoint CKPT exists, the same command again to
+#    the end; resume.json compares its losses and evaluations with run_a's.
+# 5. bench.jsonl: benchmark --loop_steps (the loop with the device feed vs the step alone).
+# summary.json gathers the numbers. Each part is time-boxed (PART_S, default 240 s); compiled
+# programs are cached in JAX_COMPILATION_CACHE_DIR (default /tmp/vitboot_jax_cache) so runs after
+# the first skip most compilation. A toy check on CPU:
+#   CONFIG=tests/tiny_config.py STEPS=12 CKPT=4 EXTRA="--config.data.eval_batch_size=40" \
+#     JAX_PLATFORMS=cpu bash launch/device_pipeline_check.sh /tmp/check
+set -uo pipefail
+out=$(realpath -m "${1:?usage: device_pipeline_check.sh OUT [NPZ_DIR]}")
+npz=$(realpath -m "${2:-$out/npz}")
+config=${CONFIG:-configs/vits_cifar100.py}
+steps=${STEPS:-300}
+ckpt=${CKPT:-100}
+part_s=${PART_S:-240}
+shared=${VITBOOT_SHARED:-../shared}
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+shared=$(realpath -m "$shared")
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+export JAX_PLATFORMS=${JAX_PLATFORMS-}
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/vitboot_jax_cache}
+run() {  # run NAME COMMAND...: time-boxed, output to OUT/NAME, one status line on stdout.
+  local name=$1 start=$SECONDS
+  shift
+  timeout "$part_s" "$@" >"$out/$name" 2>&1
+  local rc=$?
+  echo "$name: exit $rc in $((SECONDS - start)) s" | tee -a "$out/parts.txt"
+  return $rc
+}
+: >"$out/parts.txt"
+run devices.txt python -c "
+import jax; print(jax.__version__, jax.devices())
+try:
+  import tensorflow; print('tensorflow', tensorflow.__version__)
+except ImportError as e:
+  print('no tensorflow:', e)"
+
+if [[ ! -f $npz/train.npz ]]; then
+  if [[ -d $shared/data/cifar10/train ]]; then
+    run pack.log python -m vitboot_jax.tools.prepare_data folder "--data_dir=$shared/data/cifar10" \
+      "--npz_dir=$npz" --train_fraction=0.1
+  else
+    run pack.log python -c "
+import numpy as np
+from vitboot_jax import sources
+rng = np.random.default_rng(0)
+for split, n in (('train', 5000), ('test', 1000)):
+  labels = np.arange(n) % 10
+  colour = np.stack([labels * 20, 255 - labels * 20, np.full(n, 100)], -1)[:, None, None]
+  images = np.clip(rng.integers(0, 60, (n, 32, 32, 3)) + colour, 0, 255).astype(np.uint8)
+  sources.write_npz('$npz/' + split + '.npz', images, labels)
+print('synthetic')"
+  fi
+fi
+
+flags=("--config=$config" --config.data.name=npz "--config.data.dir=$npz"
+  --config.data.pipeline=device --config.data.num_classes=10 --config.data.normalisation=cifar10
+  --config.data.train_fraction=1.0 "--config.total_steps=$steps"
+  "--config.eval_every_steps=$((steps / 2))" "--config.checkpoint_every_steps=$ckpt"
+  --config.log_every_steps=10 ${EXTRA:-})
+main=(python -m vitboot_jax.main "${flags[@]}")
+rm -rf "$out/run_a" "$out/run_b"
+run run_a.log "${main[@]}" "--workdir=$out/run_a"
+
+start=$SECONDS
+"${main[@]}" "--workdir=$out/run_b" >"$out/run_b1.log" 2>&1 &
+pid=$!
+while kill -0 "$pid" 2>/dev/null && ((SECONDS - start < part_s)); do
+  if [[ -d $out/run_b/checkpoints/$ckpt ]]; then
+    kill -TERM "$pid"
+    break
+  fi
+  sleep 0.2
+done
+wait "$pid"
+echo "run_b1.log: exit $? after SIGTERM in $((SECONDS - start)) s" | tee -a "$out/parts.txt"
+run run_b2.log "${main[@]}" "--workdir=$out/run_b"
+
+python - "$out" >"$out/resume.json" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def records(name):
+  path = out / name / "metrics.jsonl"
+  return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+a, b = records("run_a"), records("run_b")
+final = lambda n: json.loads((out / n / "final.json").read_text()) if (out / n / "final.json").exists() else {}
+fa, fb = final("run_a"), final("run_b")
+def rel(x, y):
+  return abs(x - y) / max(abs(x), 1e-12)
+keys = ("train/loss_vit", "train/loss_agent")
+la = {(r["step"], k): r[k] for r in a for k in keys if k in r}
+lb = {(r["step"], k): r[k] for r in b for k in keys if k in r}
+common = sorted(set(la) & set(lb))
+evals = {k: (fa.get(k), fb.get(k)) for k in ("top1_vit", "top1_agent", "ce_vit", "ce_agent")}
+print(json.dumps({
+  "resumed_from_step": fb.get("resumed_from_step"),
+  "steps_compared": len(common),
+  "max_rel_diff_train_loss": max((rel(la[k], lb[k]) for k in common), default=None),
+  "final_eval_a_b": evals,
+  "train_seconds_a": fa.get("train_seconds_this_run"),
+}))
+EOF
+cat "$out/resume.json"
+
+bench=(python -m vitboot_jax.tools.perf.benchmark "${flags[@]}" --modes=shared --steps=20
+  --warmup=3 "--loop_steps=${LOOP_STEPS:-200}")
+run bench.jsonl "${bench[@]}"
+grep -h '"mode"' "$out/bench.jsonl" | cut -c1-600
+
+python - "$out" >"$out/summary.json" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+rows = [json.loads(l) for l in (out / "bench.jsonl").read_text().splitlines() if l.startswith("{")]
+mode = next((r for r in rows if "mode" in r), {})
+summary = {
+  "devices": (out / "devices.txt").read_text().strip().splitlines(),
+  "parts": (out / "parts.txt").read_text().strip().splitlines(),
+  "resume": json.loads((out / "resume.json").read_text() or "{}"),
+  "step_s": mode.get("step_s"),
+  "loop_step_s": mode.get("loop_step_s"),
+  "loop_data_s": mode.get("loop_data_s"),
+  "loop_over_step": (mode["loop_step_s"] / mode["step_s"]) if mode.get("loop_step_s") else None,
+}
+print(json.dumps(summary, indent=2))
+EOF
+cat "$out/summary.json"

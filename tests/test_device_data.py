@@ -1,0 +1,307 @@
+"""The dataset on the devices: .npz files, batches made in the step, augmentation, TF-free runs."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests import without_tensorflow
+from tests.runs import REPO, TINY
+from tests.runs import env as _env
+from tests.runs import metrics as _metrics
+from tests.runs import train_losses as _train_losses
+from vitboot_jax import configlib, device_data, device_preprocess, errors, sharding, sources
+from vitboot_jax.tools import prepare_data
+
+
+def _write_npz(root, n_train=160, n_test=40, size=32, seed=0):
+  """10 classes of class-coloured noise (the models learn something in a few steps)."""
+  rng = np.random.default_rng(seed)
+  for split, n in (("train", n_train), ("test", n_test)):
+    labels = np.repeat(np.arange(10), n // 10)
+    colour = np.stack([labels * 20, 255 - labels * 20, np.full(n, 100)], -1)[:, None, None, :]
+    images = np.clip(rng.integers(0, 60, (n, size, size, 3)) + colour, 0, 255).astype(np.uint8)
+    sources.write_npz(str(root / f"{split}.npz"), images, labels)
+  return root
+
+
+def _config(root, **data):
+  from tests.config_files import load_config
+
+  config = load_config(TINY)
+  config.data.name = "npz"
+  config.data.dir = str(root)
+  config.data.pipeline = "device"
+  config.data.update(data)
+  return config
+
+
+@pytest.fixture(scope="module")
+def npz_dir(tmp_path_factory):
+  return _write_npz(tmp_path_factory.mktemp("npz"))
+
+
+def test_npz_errors_name_the_key_dtype_and_shape(tmp_path):
+  cases = {
+    "keys": (dict(pixels=np.zeros([2, 4, 4, 3], np.uint8), labels=np.zeros([2])), "no ['images']"),
+    "dtype": (
+      dict(images=np.zeros([2, 4, 4, 3], np.float32), labels=np.zeros([2], int)),
+      "float32",
+    ),
+    "shape": (dict(images=np.zeros([2, 4, 4], np.uint8), labels=np.zeros([2], int)), "[2, 4, 4]"),
+    "labels": (dict(images=np.zeros([2, 4, 4, 3], np.uint8), labels=np.zeros([3], int)), "[3]"),
+  }
+  for name, (arrays, expected) in cases.items():
+    np.savez(tmp_path / f"{name}.npz", **arrays)
+    with pytest.raises(errors.DataError, match="must|not") as info:
+      sources.read_npz(str(tmp_path), name)
+    assert expected in str(info.value) and f"{name}.npz" in str(info.value), str(info.value)
+  with pytest.raises(errors.DataError, match="has no missing.npz"):
+    sources.read_npz(str(tmp_path), "missing")
+
+
+def test_subset_and_order_are_the_tfdata_pipelines(npz_dir):
+  from vitboot_jax import input_pipeline
+
+  config = _config(npz_dir, train_fraction=0.5)
+  images, labels, index = sources.split_arrays(config, "train", subset=True)
+  all_labels = sources.read_npz(str(npz_dir), "train")["labels"]
+  want = input_pipeline.subset_indices(all_labels, 0.5)
+  np.testing.assert_array_equal(index, want)
+  np.testing.assert_array_equal(labels, all_labels[want])
+  # The tf.data pipeline reads the same files and selects the same examples.
+  assert input_pipeline.dataset_info(config).num_train_examples == len(want) == 80
+  ex = list(input_pipeline._source(config).examples("train", want).as_numpy_iterator())
+  np.testing.assert_array_equal([e["index"] for e in ex], want)
+  np.testing.assert_array_equal(np.stack([e["ref"] for e in ex]), images)
+
+
+def _place(config, mesh):
+  dataset = device_data.DeviceDataset(config, mesh)
+  return dataset, jax.jit(
+    lambda data, step: device_data.batch_at(
+      config, data, step, dataset.info.steps_per_epoch, sharding.batch_sharded(mesh)
+    )
+  )
+
+
+def test_batches_are_a_function_of_the_step(npz_dir):
+  config = _config(npz_dir, train_fraction=0.5, augment="none")
+  mesh = sharding.make_mesh()
+  dataset, batch_at = _place(config, mesh)
+  steps = dataset.info.steps_per_epoch
+  assert steps == 5  # 80 examples, batch 16.
+  arrays = sources.split_arrays(config, "train", subset=True)
+  lookup = {arr.tobytes(): i for i, arr in enumerate(arrays[0])}
+  epochs = []
+  for epoch in range(2):
+    rows = []
+    for step in range(epoch * steps, (epoch + 1) * steps):
+      batch = jax.device_get(batch_at(dataset.train, step))
+      assert batch["image"].dtype == np.uint8 and batch["image"].shape == (16, 32, 32, 3)
+      found = [lookup[image.tobytes()] for image in batch["image"]]
+      np.testing.assert_array_equal(batch["label"], arrays[1][found])
+      rows += found
+    assert sorted(rows) == list(range(80))  # Each example once an epoch.
+    epochs.append(rows)
+  assert epochs[0] != epochs[1]  # Reshuffled every epoch.
+  again = jax.device_get(batch_at(dataset.train, 7))  # Same step, same batch (resume).
+  np.testing.assert_array_equal(again["image"], arrays[0][epochs[1][32:48]])
+
+
+def test_augmentation_is_keyed_by_seed_epoch_and_index(npz_dir):
+  config = _config(npz_dir, train_fraction=1.0)
+  mesh = sharding.make_mesh()
+  dataset, batch_at = _place(config, mesh)
+  steps = dataset.info.steps_per_epoch
+  raw = _config(npz_dir, train_fraction=1.0, augment="none")
+  _, raw_batch_at = _place(raw, mesh)
+  for step in (0, steps + 3):
+    got = jax.device_get(batch_at(dataset.train, step))
+    plain = jax.device_get(raw_batch_at(dataset.train, step))
+    np.testing.assert_array_equal(got["label"], plain["label"])
+    # Each crop is pad_crop_flip of its source image under the key of (seed, epoch, index).
+    epoch = step // steps
+    key = device_data.stream_key(config.seed, device_data.AUGMENT_STREAM, epoch)
+    index = np.asarray(jax.device_get(dataset.train["index"]))
+    lookup = {im.tobytes(): i for i, im in enumerate(jax.device_get(dataset.train["image"]))}
+    rows = [lookup[image.tobytes()] for image in plain["image"]]
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(index[rows]))
+    want = jax.jit(jax.vmap(device_preprocess.pad_crop_flip))(jnp.asarray(plain["image"]), keys)
+    np.testing.assert_array_equal(got["image"], np.asarray(want))
+    assert (got["image"] != plain["image"]).any()
+
+
+def _recover(crops, pad=4):
+  """(top, left, flipped) of pad-crop-flips of the coordinate image (pixel = (row+1, col+1, 1),
+  padding 0)."""
+  out = []
+  for crop in np.asarray(crops).astype(np.int64):
+    rows, cols = np.nonzero(crop[..., 2])
+    line = cols[rows == rows[0]]
+    flipped = crop[rows[0], line[0], 1] > crop[rows[0], line[-1], 1]
+    view = crop[:, ::-1] if flipped else crop
+    rows, cols = np.nonzero(view[..., 2])
+    i, j = rows[0], cols[0]
+    out.append((int(view[i, j, 0] - 1 + pad - i), int(view[i, j, 1] - 1 + pad - j), bool(flipped)))
+  return out
+
+
+def _coordinate_image(size=32):
+  rows, cols = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+  return np.stack([rows + 1, cols + 1, np.ones_like(rows)], -1).astype(np.uint8)
+
+
+def _chi2_same(a, b):
+  """p-value of a chi-square test that two samples of categories share one distribution."""
+  from scipy import stats
+
+  cats = sorted(set(a) | set(b))
+  table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]])
+  return stats.chi2_contingency(table)[1]
+
+
+def test_crop_offsets_and_flips_match_the_tfdata_distribution():
+  import tensorflow as tf
+
+  from vitboot_jax import preprocess
+
+  draws = 4000
+  image = _coordinate_image()
+  tf_crops = next(
+    tf.data.Dataset.range(draws)
+    .map(lambda i: preprocess.pad_crop_flip(tf.constant(image), preprocess.example_seed(0, 0, i)))
+    .batch(draws)
+    .as_numpy_iterator()
+  )
+  keys = jax.random.split(jax.random.key(1), draws)
+  batch = jnp.broadcast_to(jnp.asarray(image), (draws, *image.shape))
+  jax_crops = np.asarray(jax.jit(device_preprocess.make_augment(_cifar()))(batch, keys))
+  tf_draws, jax_draws = _recover(tf_crops), _recover(jax_crops)
+  # Recovery is exact: the crop of the recovered offsets is the crop.
+  padded = np.pad(image, [(4, 4), (4, 4), (0, 0)])
+  for (top, left, flipped), crop in list(zip(jax_draws, jax_crops))[:50]:
+    want = padded[top : top + 32, left : left + 32]
+    np.testing.assert_array_equal(crop, want[:, ::-1] if flipped else want)
+  # Both ways: offsets (81 cells x flip) have the same distribution, and each is uniform.
+  assert _chi2_same(tf_draws, jax_draws) > 1e-3
+  assert _chi2_same([d[2] for d in tf_draws], [d[2] for d in jax_draws]) > 1e-3
+  for draws_ in (tf_draws, jax_draws):
+    offsets = [d[0] * 9 + d[1] for d in draws_]
+    from scipy import stats
+
+    assert stats.chisquare(np.bincount(offsets, minlength=81)).pvalue > 1e-3
+    assert 0.45 < np.mean([d[2] for d in draws_]) < 0.55
+  # The test can fail: a 3-pixel pad is told apart from the tf.data 4-pixel one.
+  narrow = jax.jit(jax.vmap(lambda im, k: device_preprocess.pad_crop_flip(im, k, pad=3)))
+  narrow_draws = [(t + 1, left + 1, f) for t, left, f in _recover(narrow(batch, keys), pad=3)]
+  assert _chi2_same(tf_draws, narrow_draws) < 1e-6
+
+
+def _cifar():
+  config = configlib.base_config()
+  config.data.augment = "cifar"
+  return config
+
+
+def test_too_large_a_dataset_fails_before_training(npz_dir, monkeypatch):
+  monkeypatch.setattr(device_data, "free_bytes", lambda device: 100_000)
+  with pytest.raises(errors.DataError) as info:
+    device_data.DeviceDataset(_config(npz_dir), sharding.make_mesh())
+  message = str(info.value)
+  assert "160 train + 40 eval images" in message and "pipeline=tfdata" in message
+  assert "GiB free" in message and "\n" not in message
+
+
+def test_device_pipeline_refuses_augmentations_it_lacks(npz_dir):
+  config = _config(npz_dir, augment="imagenet")
+  with pytest.raises(errors.ConfigError, match="pipeline=tfdata"):
+    configlib.validate(config)
+
+
+def test_pack_npz_from_an_image_folder(image_folder, tmp_path):
+  out = tmp_path / "packed"
+  prepare_data.pack_npz("folder", str(image_folder), str(out))
+  arrays = sources.read_npz(str(out), "train")
+  assert arrays["images"].shape == (160, 32, 32, 3) and arrays["labels"].tolist()[:17] == [
+    0
+  ] * 16 + [1]
+  assert arrays["class_names"].tolist()[:2] == ["class0", "class1"]
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end, in processes that cannot import TensorFlow.
+
+
+def _main_args(workdir, root, *overrides):
+  return [
+    f"--config={TINY}",
+    f"--workdir={workdir}",
+    "--config.data.name=npz",
+    f"--config.data.dir={root}",
+    "--config.data.pipeline=device",
+    "--config.num_epochs=2",
+    "--config.checkpoint_every_steps=4",
+    *overrides,
+  ]
+
+
+@pytest.fixture(scope="module")
+def device_run(npz_dir, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("device_run")
+  proc = without_tensorflow.run_module(
+    "vitboot_jax.main", _main_args(workdir, npz_dir), env=_env(1)
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return workdir
+
+
+@pytest.mark.slow
+def test_main_trains_without_tensorflow(device_run):
+  final = json.loads((device_run / "final.json").read_text())
+  assert final["step"] == 20 and final["count"] == 40.0
+  assert list(device_run.glob("events.out.tfevents*"))
+  assert sorted(r["step"] for r in _metrics(device_run) if "eval/top1_vit" in r) == [10, 20]
+
+
+@pytest.mark.slow
+def test_resume_mid_epoch_continues_the_same_stream(device_run, npz_dir, tmp_path):
+  workdir = tmp_path / "killed"
+  code = without_tensorflow._REFUSE_TENSORFLOW + (
+    "import runpy\n"
+    f"sys.argv = ['vitboot_jax.main'] + {_main_args(workdir, npz_dir)!r}\n"
+    "runpy.run_module('vitboot_jax.main', run_name='__main__', alter_sys=True)\n"
+  )
+  proc = subprocess.Popen(
+    [sys.executable, "-c", code], cwd=REPO, env=_env(1), stderr=subprocess.PIPE
+  )
+  ckpt_dir, deadline = workdir / "checkpoints", time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    done = (
+      [int(p.name) for p in ckpt_dir.glob("*") if p.name.isdigit()] if ckpt_dir.exists() else []
+    )
+    if any(s >= 4 for s in done):  # Step 4 of 10 in the first epoch.
+      proc.send_signal(signal.SIGKILL)
+      break
+    time.sleep(0.05)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+  resumed = without_tensorflow.run_module(
+    "vitboot_jax.main", _main_args(workdir, npz_dir), env=_env(1)
+  )
+  assert resumed.returncode == 0, resumed.stderr[-4000:]
+  got = json.loads((workdir / "final.json").read_text())
+  assert 4 <= got["resumed_from_step"] < 20 and got["resumed_from_step"] % 10
+  want_losses, got_losses = _train_losses(_metrics(device_run)), _train_losses(_metrics(workdir))
+  assert sorted(got_losses) == list(range(1, 21))
+  for step, loss in want_losses.items():
+    assert got_losses[step] == pytest.approx(loss, rel=1e-5), step
+  want = json.loads((device_run / "final.json").read_text())
+  for key in ("top1_vit", "top1_agent", "ce_vit", "ce_agent"):
+    assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key

@@ -1,0 +1,72 @@
+"""What the training loop feeds its jitted step, whichever pipeline makes the batches.
+
+`open_feed(config, mesh)` gives the run's `info` (sizes), `train(start_step)`: an endless
+iterator of the second argument of each train_step call from `start_step` on, and
+`eval_batches()`: one evaluation's global batches. With config.data.pipeline="tfdata" the train
+feed is the next host batch, split over the mesh; with "device" it is the same on-device dataset
+every call (device_data.feeding makes the batch inside the step). Only the tf.data feed imports
+TensorFlow.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import ml_collections
+
+from vitboot_jax import sharding
+from vitboot_jax.sources import DatasetInfo
+
+
+class TfDataFeed:
+  """Batches from input_pipeline (tf.data on the host), transferred every step."""
+
+  on_device = False
+
+  def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+    from vitboot_jax import input_pipeline
+
+    self._pipeline, self._config, self._mesh = input_pipeline, config, mesh
+    self.info: DatasetInfo = input_pipeline.dataset_info(config)
+    self._eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches images.
+
+  def train(self, start_step: int) -> Iterator[dict[str, jax.Array]]:
+    batches = self._pipeline.train_batches(self._config, start_step=start_step)
+    return (sharding.global_batch(b, self._mesh) for b in batches)
+
+  def eval_batches(self) -> Iterator[dict[str, jax.Array]]:
+    split = self._config.data.eval_split
+    local = self._pipeline.numpy_batches(self._eval_dataset, self._config, split)
+    return (sharding.global_batch(b, self._mesh) for b in local)
+
+
+class DeviceFeed:
+  """The dataset on the devices (device_data.py): nothing is transferred after start-up."""
+
+  on_device = True
+
+  def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+    from vitboot_jax import device_data
+
+    self._dataset = device_data.DeviceDataset(config, mesh)
+    self.info: DatasetInfo = self._dataset.info
+
+  def train(self, start_step: int) -> Iterator[Any]:
+    del start_step  # The step picks its own batch from state.step.
+    return itertools.repeat(self._dataset.train)
+
+  def eval_batches(self) -> Iterator[dict[str, jax.Array]]:
+    return self._dataset.eval_batches()
+
+
+Feed = TfDataFeed | DeviceFeed  # Either: info, train(start_step), eval_batches().
+
+
+def open_feed(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Feed:
+  """The feed of config.data.pipeline."""
+  if config.data.get("pipeline", "tfdata") == "device":
+    return DeviceFeed(config, mesh)
+  return TfDataFeed(config, mesh)
