@@ -22,6 +22,9 @@ Tables (TABLES below):
     DrLoc lambda 0.1 (DRLOC_LAMBDA): the DrLoc paper's value for grids the size of our 8x8.
   * replication_tokens16: the same at the paper's token grid (configs/cifar10_tokens16.py:
     patch 2, 16x16 tokens), the five methods and Table 4's joint rows.
+  * replication_224: the paper's own ViT-S and Agent-S rows (configs/vits_cifar10.py: 224 px,
+    the official recipe) on the same 10% of CIFAR-10, with the dataset on the devices; run side
+    by side on one accelerator by launch/rung3_224.sh, which sets the data and the epochs.
   The replication tables read the CIFAR-10 image folder --data_dir and evaluate every epoch.
 
 Every (row, seed) trains into ROOT/<run>_seed<S>, where <run> is the replication row's name or,
@@ -282,6 +285,19 @@ _TABLES = (
     ),
     root="workdirs/cpu_replication_tokens16",
     **_REPLICATION,
+  ),
+)
+_TABLES += (
+  Table(
+    "replication_224",
+    "The paper's ViT-S and Agent-S at 224 px, official recipe, CIFAR-10 10% (third rung)",
+    _replication_rows(
+      "configs/vits_cifar10.py", ("vit", "agent", "joint", "shared_align", "shared_noalign")
+    ),
+    note_header="description",
+    root="workdirs/rung3_224",
+    # The data (an .npz of the 10% subset) and the epochs come from launch/rung3_224.sh.
+    overrides=("--config.data.pipeline=device",),
   ),
 )
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}

@@ -1,0 +1,93 @@
+"""The third rung's command (launch/rung3_224.sh): every row is the paper's ViT-S config at 224 px,
+unchanged but for the data and the epochs, and valid as the device call will run it."""
+
+import os
+import pathlib
+import shlex
+import subprocess
+
+import numpy as np
+
+from tests.config_files import load_config
+from vitboot_jax import configlib, sources
+from vitboot_jax.tools import sweep
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ROWS = ["vit", "agent", "joint", "shared_align", "shared_noalign"]
+
+
+def _apply(config, flags):
+  """--config.a.b=v flags onto `config`, typed as the field (what main's config flags do)."""
+  for flag in flags:
+    key, _, value = flag.removeprefix("--config.").partition("=")
+    *groups, field = key.split(".")
+    node = config
+    for g in groups:
+      node = node[g]
+    old = node[field]
+    if isinstance(old, bool):
+      value = value == "True"
+    elif old is not None:
+      value = type(old)(value)
+    node[field] = value
+  return config
+
+
+def _launch(root, epochs, npz, **env):
+  return subprocess.run(
+    ["bash", str(REPO / "launch/rung3_224.sh"), str(root), str(epochs), str(npz)],
+    capture_output=True,
+    text=True,
+    env={**os.environ, **env},
+    cwd=REPO,
+    timeout=120,
+  )
+
+
+def test_rows_are_the_papers_vits_configs_on_the_device_pipeline(tmp_path):
+  npz = tmp_path / "npz"
+  npz.mkdir()
+  for split, n in (("train", 80), ("test", 20)):
+    images = np.zeros((n, 32, 32, 3), np.uint8)
+    sources.write_npz(str(npz / f"{split}.npz"), images, np.arange(n) % 10)
+  proc = _launch(tmp_path / "root", 240, npz, DRY="1")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  commands = [line for line in proc.stdout.splitlines() if line.startswith("python -m")]
+  assert len(commands) == len(ROWS)
+  assert [r.name for r in sweep.rows("replication_224")] == ROWS
+  assert not (tmp_path / "root").exists()  # A dry run writes nothing.
+  for row, command in zip(ROWS, commands):
+    args = shlex.split(command)
+    assert args[:3] == ["python", "-m", "vitboot_jax.main"]
+    spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
+    assert spec.startswith("configs/vits_cifar10.py:mode="), spec
+    paper = load_config(spec)
+    config = _apply(load_config(spec), [a for a in args if a.startswith("--config.")])
+    configlib.validate(config, num_devices=1)
+    # The recipe unchanged: only the data, the epochs, the seed and the evaluation cadence differ.
+    changed = {
+      f"{group}.{k}" if group else k
+      for group, fields in [(None, config)] + [(g, config[g]) for g in ("data", "optim", "model")]
+      for k in fields
+      if not hasattr(fields[k], "items") and fields[k] != (paper[group] if group else paper)[k]
+    }
+    assert changed <= {
+      "num_epochs",
+      "eval_every_epochs",
+      "data.name",
+      "data.dir",
+      "data.pipeline",
+      "data.train_fraction",
+    }, (row, changed)
+    assert (config.image_size, config.batch_size, config.model.embed_dim) == (224, 64, 288)
+    assert config.data.pipeline == "device" and config.data.dir == str(npz)
+    assert config.num_epochs == 240 and config.eval_every_epochs == 24
+    assert config.mode == row.split("_")[0]
+    if row.startswith("shared"):
+      assert config.align == ("none" if row == "shared_noalign" else "pcgrad")
+
+
+def test_missing_data_is_one_line_with_the_packing_command(tmp_path):
+  proc = _launch(tmp_path / "root", 10, tmp_path / "nowhere")
+  assert proc.returncode == 2
+  assert "prepare_data folder" in proc.stderr and "--train_fraction=0.1" in proc.stderr
