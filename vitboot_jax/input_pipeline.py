@@ -26,14 +26,17 @@ within a run so that a resumed run sees the same order.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from absl import logging
 
 from vitboot_jax import configlib, errors, preprocess
 
@@ -49,7 +52,7 @@ _AUTOTUNE = tf.data.AUTOTUNE
 _FOLDER_HINT = "point --config.data.dir at a folder with {split}/<class>/*.jpg (or .jpeg/.png)"
 
 
-class UnreadableImageError(ValueError):
+class UnreadableImageError(errors.UsageError, ValueError):
   """An image file or record that cannot be decoded; the message names it and the fix."""
 
 
@@ -125,6 +128,11 @@ class _FolderSource:
 
   def labels(self, split: str) -> np.ndarray:
     return self._listing(split)[1]
+
+  def files_digest(self, split: str) -> str:
+    """sha256 of the split's image paths (relative to the split) and sizes."""
+    self._listing(split)
+    return _FILES_DIGEST[(self.root, split, self.class_names)]
 
   def file_names(self, split: str) -> None:
     """None: the canonical order already sorts each class's file names."""
@@ -270,6 +278,8 @@ def _field(split: str, train_split: str) -> str:
 
 _LABEL_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray | None]] = {}
 _LISTING_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+# sha256 of each listed split's relative paths and sizes, for the workdir's data record.
+_FILES_DIGEST: dict[tuple, str] = {}
 
 
 def _class_folders(root: str, split: str, field: str) -> list[str]:
@@ -305,31 +315,54 @@ def _list_folder(
     return _LISTING_CACHE[key]
   class_index = {name: i for i, name in enumerate(class_names)}
   unknown = [c for c in folders if c not in class_index]
-  if unknown:
-    raise ValueError(
-      f"config.data.dir={root!r}: classes {unknown[:5]} in {split!r} are not in the "
-      f"{len(class_names)} training classes; the splits must use the same class folders"
+  missing = [c for c in class_names if c not in folders]
+  if unknown or missing:
+    what = (
+      f"classes {unknown[:5]} are only in {split!r}"
+      if unknown
+      else f"classes {missing[:5]} of the training split have no folder in {split!r}"
     )
-  paths, labels = [], []
+    raise errors.DataError(
+      f"config.data.dir={root!r}: {what} (config.data.{field}={split!r}); every split must have "
+      "the same class folders: add or remove folders so they match"
+    )
+  paths, labels, sizes, unsupported = [], [], [], []
   for name in folders:
     class_dir = os.path.join(split_dir, name)
-    files = sorted(
-      e.name
-      for e in os.scandir(class_dir)
-      if e.is_file() and e.name[0] != "." and e.name.lower().endswith(IMAGE_EXTENSIONS)
+    entries = sorted(
+      (e for e in os.scandir(class_dir) if e.is_file() and e.name[0] != "."), key=lambda e: e.name
     )
-    paths.extend(os.path.join(class_dir, f) for f in files)
-    labels.extend([class_index[name]] * len(files))
+    for e in entries:
+      if not e.name.lower().endswith(IMAGE_EXTENSIONS):
+        unsupported.append(e.path)
+        continue
+      paths.append(e.path)
+      labels.append(class_index[name])
+      sizes.append(e.stat().st_size)  # One stat each: empty files and the data fingerprint.
+  if unsupported:
+    logging.warning(
+      "Skipping %d file(s) in %s that are not %s images: %s%s. Convert them to JPEG/PNG to use "
+      "them.",
+      len(unsupported),
+      split_dir,
+      "/".join(IMAGE_EXTENSIONS),
+      ", ".join(unsupported[:5]),
+      ", ..." if len(unsupported) > 5 else "",
+    )
   if not paths:
     raise errors.DataError(
       f"config.data.dir={root!r}: no images under {split_dir}/<class>/; "
       + _FOLDER_HINT.format(split=split)
     )
-  empty = [p for p in paths if os.path.getsize(p) == 0]  # Interrupted copies; one stat each.
+  empty = [p for p, size in zip(paths, sizes) if size == 0]  # Interrupted copies.
   if empty:
     raise UnreadableImageError(_unreadable_message(empty, "it is empty (0 bytes)"))
   out = np.array(paths), np.array(labels, np.int64)
+  digest = hashlib.sha256()
+  for path, size in zip(paths, sizes):
+    digest.update(f"{os.path.relpath(path, split_dir)}\t{size}\n".encode())
   _LISTING_CACHE[key] = out
+  _FILES_DIGEST[key[:3]] = digest.hexdigest()
   return out
 
 
@@ -411,6 +444,31 @@ def dataset_info(config: ml_collections.ConfigDict) -> DatasetInfo:
     steps_per_epoch=_steps_per_epoch(config, num_train),
     class_names=source.class_names,
   )
+
+
+def data_fingerprint(config: ml_collections.ConfigDict, info: DatasetInfo) -> dict[str, Any]:
+  """What a run trains on, recorded in its workdir so a resume on other data is refused.
+
+  An image folder: example counts and a hash of the file list (relative paths and sizes) per
+  split; a tfds dataset: its version and split counts. Both: class names and steps per epoch.
+  """
+  source = _source(config)
+  splits = {}
+  for split in dict.fromkeys((config.data.train_split, config.data.eval_split)):
+    entry: dict[str, Any] = {"examples": source.count(split)}
+    if isinstance(source, _FolderSource):
+      entry["files_sha256"] = source.files_digest(split)
+    splits[split] = entry
+  record: dict[str, Any] = {"name": config.data.name}
+  if isinstance(source, _TfdsSource):
+    record["version"] = str(source.builder.info.version)
+  record.update(
+    splits=splits,
+    class_names=list(info.class_names),
+    num_train_examples=info.num_train_examples,
+    steps_per_epoch=info.steps_per_epoch,
+  )
+  return record
 
 
 def train_dataset(

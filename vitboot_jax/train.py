@@ -30,6 +30,7 @@ from vitboot_jax import (
   preemption,
   progress,
   sharding,
+  workdir_claim,
   workdirs,
 )
 from vitboot_jax import trainer as trainer_lib
@@ -123,9 +124,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("%s already holds a finished run of this config; nothing to do.", workdir)
     return final
   datasets.ensure(config, may_download=jax.process_count() == 1)
+  claim = workdir_claim.acquire_for_run(workdir)  # One run per workdir: a second one stops here.
 
   mesh = sharding.make_mesh()
   info = input_pipeline.dataset_info(config)
+  data_record = input_pipeline.data_fingerprint(config, info)
+  workdirs.check_data(workdir, data_record)  # No resume on other data.
   steps_per_epoch = info.steps_per_epoch
   total_steps = _total_steps(config, steps_per_epoch)
   trainer = trainer_lib.build(config, mesh, steps_per_epoch)
@@ -146,6 +150,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer.truncate_after(start_step if restored is not None else -1)
   if jax.process_index() == 0:
     metrics.write_json(workdir / CONFIG_FILE, json.loads(config.to_json_best_effort()))
+    metrics.write_json(workdir / workdirs.DATA_FILE, data_record)
 
   eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches decoded images.
 
@@ -248,5 +253,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     metrics.write_json(workdir / FINAL_FILE, final)
   writer.close()
   ckpt.close()
+  claim.release()
   logging.info("Finished: %s", json.dumps(final))
   return final
