@@ -283,8 +283,12 @@ def test_full_disk_save_fails_clearly_and_keeps_the_older_checkpoint(small_disk)
     ckpt.wait()
     with pytest.raises(checkpoint.CheckpointSaveError) as info:
       ckpt.save(2, {"w": state["w"] + 1}, force=True)
-      ckpt.wait()
+      deadline = time.time() + 60
+      while time.time() < deadline:  # The loop asks every step: the failure shows at once.
+        ckpt.should_save(3)
+        time.sleep(0.01)
   message = str(info.value)
+  assert "Saving a checkpoint under" in message and "\n" not in message
   assert "No space left on device" in message and "Free disk space" in message
   assert "newest complete checkpoint (step 1), which is intact" in message
   with checkpoint.Checkpointer(small_disk) as ckpt:

@@ -1,11 +1,18 @@
-"""Workdir rules: one config per run, finished or not; no checkpoint: any config is accepted."""
+"""Workdir rules: one config per run, finished or not; one live run at a time; no resume on other
+data; without a checkpoint any config (and any data) is accepted."""
 
 import json
+import logging
 import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
 
 import pytest
 
-from vitboot_jax import checkpoint, configlib, errors, workdirs
+from vitboot_jax import checkpoint, configlib, errors, workdir_claim, workdirs
 
 
 def _config(**fields):
@@ -68,3 +75,145 @@ def test_workdir_without_write_permission(tmp_path):
   locked.mkdir(mode=0o500)
   with pytest.raises(errors.WorkdirError, match="cannot be written"):
     workdirs.check(locked / "run", _config())
+
+
+# ---------------------------------------------------------------------------------------------
+# One run per workdir: the claim.
+
+
+def _foreign_claim(workdir, *, host="other-host", pid=1, heartbeat_age=0.0):
+  workdir.mkdir(parents=True, exist_ok=True)
+  now = time.time()
+  record = {
+    "host": host,
+    "pid": pid,
+    "started": now - 3600,
+    "heartbeat": now - heartbeat_age,
+    "token": "t-foreign",
+  }
+  (workdir / workdir_claim.CLAIM_FILE).write_text(json.dumps(record))
+  return record
+
+
+def test_claim_is_exclusive_and_names_the_holder(tmp_path):
+  claim = workdir_claim.acquire(tmp_path)
+  record = json.loads((tmp_path / workdir_claim.CLAIM_FILE).read_text())
+  assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+  refused = []
+
+  def second():  # Another thread stands for another run: the first is still running.
+    # main's check (before JAX loads), then the claim itself.
+    for attempt in (
+      lambda: workdirs.check(tmp_path, _config()),
+      lambda: workdir_claim.acquire(tmp_path),
+    ):
+      try:
+        attempt()
+      except errors.WorkdirError as error:
+        refused.append(str(error))
+
+  thread = threading.Thread(target=second)
+  thread.start()
+  thread.join()
+  assert len(refused) == 2 and refused[0] == refused[1]
+  assert f"is in use by another run: pid {os.getpid()} on {socket.gethostname()}" in refused[0]
+  assert "own --workdir" in refused[0] and "claim.json" in refused[0]
+  claim.release()
+  assert not (tmp_path / workdir_claim.CLAIM_FILE).exists()
+  workdir_claim.acquire(tmp_path).release()
+
+
+def test_live_claim_of_another_host_is_refused(tmp_path):
+  _foreign_claim(tmp_path, heartbeat_age=30)
+  with pytest.raises(workdir_claim.WorkdirBusyError, match="pid 1 on other-host"):
+    workdir_claim.acquire(tmp_path)
+  assert json.loads((tmp_path / workdir_claim.CLAIM_FILE).read_text())["token"] == "t-foreign"
+
+
+def test_stale_claims_are_taken_over(tmp_path, caplog):
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  cases = {
+    "its process no longer exists": dict(host=socket.gethostname(), pid=dead.pid),
+    "heartbeat is": dict(heartbeat_age=workdir_claim.STALE_AFTER_SECONDS + 60),
+  }
+  for i, (why, holder) in enumerate(cases.items()):
+    workdir = tmp_path / str(i)
+    _foreign_claim(workdir, **holder)
+    with caplog.at_level(logging.WARNING):
+      claim = workdir_claim.acquire(workdir)
+    assert why in caplog.text and "Taking over the claim" in caplog.text
+    assert json.loads((workdir / workdir_claim.CLAIM_FILE).read_text())["token"] == claim.token
+    assert [p.name for p in workdir.iterdir()] == [workdir_claim.CLAIM_FILE]
+    claim.release()
+
+
+def test_an_earlier_in_process_run_leaves_no_lasting_claim(tmp_path):
+  workdir_claim.acquire(tmp_path)  # A run on this thread that raised before releasing.
+  claim = workdir_claim.acquire(tmp_path)
+  assert workdir_claim.held(tmp_path) is claim
+  claim.release()
+
+
+def test_heartbeat_refreshes_and_finds_a_takeover(tmp_path):
+  claim = workdir_claim.acquire(tmp_path)
+  path = tmp_path / workdir_claim.CLAIM_FILE
+  before = json.loads(path.read_text())["heartbeat"]
+  time.sleep(0.01)
+  claim.refresh()
+  assert json.loads(path.read_text())["heartbeat"] > before
+  _foreign_claim(tmp_path)  # Another run took the workdir over (e.g. after a long pause).
+  claim.refresh()
+  with pytest.raises(workdir_claim.WorkdirBusyError, match="taken over by another run"):
+    claim.check()
+  import jax.numpy as jnp
+
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    with pytest.raises(workdir_claim.WorkdirBusyError):
+      ckpt.save(1, {"w": jnp.ones(2)}, force=True)
+  claim.release()
+  assert json.loads(path.read_text())["token"] == "t-foreign"  # Not ours: left alone.
+
+
+# ---------------------------------------------------------------------------------------------
+# No resume on other data.
+
+
+def _data_record(**changes):
+  record = {
+    "name": "folder",
+    "splits": {
+      "train": {"examples": 160, "files_sha256": "a"},
+      "test": {"examples": 40, "files_sha256": "b"},
+    },
+    "class_names": ["c0", "c1"],
+    "num_train_examples": 160,
+    "steps_per_epoch": 10,
+  }
+  record.update(changes)
+  return record
+
+
+def test_resume_on_other_data_is_refused(tmp_path):
+  _write_run(tmp_path, _config(), checkpoint_step=8)
+  (tmp_path / workdirs.DATA_FILE).write_text(json.dumps(_data_record()))
+  workdirs.check_data(tmp_path, _data_record())
+  fewer = _data_record(
+    splits={
+      "train": {"examples": 80, "files_sha256": "c"},
+      **{"test": _data_record()["splits"]["test"]},
+    },
+    num_train_examples=80,
+    steps_per_epoch=5,
+  )
+  with pytest.raises(errors.WorkdirError) as info:
+    workdirs.check_data(tmp_path, fewer)
+  message = str(info.value)
+  assert "num train examples 160 -> 80" in message and "steps per epoch 10 -> 5" in message
+  assert "'train' examples 160 -> 80" in message and "new --workdir" in message
+  renamed = _data_record(splits={**_data_record()["splits"], "test": {"examples": 40}})
+  with pytest.raises(errors.WorkdirError, match="'test' files differ"):
+    workdirs.check_data(tmp_path, renamed)
+  # Without a checkpoint nothing is resumed: the run starts afresh on the new data.
+  shutil.rmtree(tmp_path / workdirs.CHECKPOINT_SUBDIR)
+  workdirs.check_data(tmp_path, fewer)
