@@ -217,3 +217,37 @@ def test_resume_on_other_data_is_refused(tmp_path):
   # Without a checkpoint nothing is resumed: the run starts afresh on the new data.
   shutil.rmtree(tmp_path / workdirs.CHECKPOINT_SUBDIR)
   workdirs.check_data(tmp_path, fewer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics on an object store: appends buffered, never a read and a rewrite per line.
+
+
+def test_remote_metrics_are_flushed_in_chunks(tmp_path, monkeypatch):
+  from etils import epath
+
+  from vitboot_jax import metrics
+
+  monkeypatch.setattr(metrics, "_is_local", lambda path: False)  # As for gs://: no appends.
+  writes, reads = [], []
+  real_write, real_read = metrics._atomic_write_text, epath.Path.read_text
+  monkeypatch.setattr(
+    metrics, "_atomic_write_text", lambda path, text: (writes.append(text), real_write(path, text))
+  )
+  monkeypatch.setattr(
+    epath.Path, "read_text", lambda self, *a, **k: (reads.append(self), real_read(self, *a, **k))[1]
+  )
+  (tmp_path / metrics.METRICS_FILE).write_text('{"step": 1, "train/loss": 3.0}\n')
+  writer = metrics.MetricWriter(tmp_path, asynchronous=False, flush_every_steps=50)
+  writer.truncate_after(1)  # A resumed run: the file is read once, here.
+  reads.clear()
+  for step in range(2, 101):
+    writer.write(step, {"train/loss": 1.0 / step})
+    if step == 30:
+      writer.write(step, {"eval/top1": 0.5})
+  writer.close()
+  assert reads == []  # Never read back while training.
+  # Flushes after the evaluation (30), at the checkpoint steps (50, 100), and none per line.
+  assert len(writes) == 3, [text.count("\n") for text in writes]
+  steps = [r["step"] for r in metrics.read_metrics(tmp_path)]
+  assert steps == [1, *range(2, 31), 30, *range(31, 101)]

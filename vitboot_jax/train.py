@@ -146,7 +146,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state, start_step = restored
     logging.info("Resuming from the checkpoint of step %d in %s", start_step, ckpt.directory)
 
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics.MetricWriter(workdir, flush_every_steps=config.checkpoint_every_steps)
   writer.truncate_after(start_step if restored is not None else -1)
   if jax.process_index() == 0:
     metrics.write_json(workdir / CONFIG_FILE, json.loads(config.to_json_best_effort()))
