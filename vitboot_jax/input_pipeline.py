@@ -621,9 +621,34 @@ def numpy_batches(
     yield from ds.as_numpy_iterator()
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError) as e:
     message = _find_unreadable(config, split, e)
-    if message is None:  # Every file decodes: the failure is not about a file (e.g. a check).
+    if message is None and "config.data.stored_size" in str(e):
+      raise errors.ConfigError(_wrong_size_message(config, split, e)) from None
+    if message is None:  # Every file decodes: the failure is not about a file.
       raise
     raise UnreadableImageError(message) from None
+
+
+def check_split(config: ml_collections.ConfigDict, split: str, max_files: int = 20000) -> None:
+  """Decodes every image of an image folder's `split` if it has at most `max_files` (CIFAR's
+  test split: seconds), so a bad file stops the run before training rather than at its first
+  evaluation; larger splits and tfds datasets are checked as they are read.
+
+  Raises:
+    UnreadableImageError: A file does not decode (named).
+    errors.ConfigError: An image's size differs from config.data.stored_size (named).
+  """
+  if config.data.name != "folder":
+    return
+  paths = _FolderSource(config)._listing(split)[0]
+  if len(paths) > max_files:
+    return
+  message = _find_unreadable(config, split, None)
+  if message is not None:
+    raise UnreadableImageError(message)
+  if configlib.device_resize_from(config):
+    wrong = _wrong_sizes(config, split)
+    if wrong:
+      raise errors.ConfigError(_wrong_size_message(config, split, None, wrong))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -639,7 +664,44 @@ def _unreadable_message(paths: list[str], why: str) -> str:
   )
 
 
-def _find_unreadable(config: ml_collections.ConfigDict, split: str, error: Exception) -> str | None:
+def _decoded_shapes(paths: np.ndarray) -> dict[str, tuple[int, ...]]:
+  """The decoded shape of every file that decodes, decoding in parallel."""
+
+  def decoded_shape(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    return path, tf.shape(preprocess.decode(tf.io.read_file(path)))  # Output keeps the decode.
+
+  ds = tf.data.Dataset.from_tensor_slices(paths).map(decoded_shape, num_parallel_calls=_AUTOTUNE)
+  return {p.decode(): tuple(shape) for p, shape in ds.ignore_errors().as_numpy_iterator()}
+
+
+def _wrong_sizes(config: ml_collections.ConfigDict, split: str) -> list[str]:
+  stored = int(config.data.stored_size)
+  paths = _FolderSource(config)._listing(split)[0]
+  shapes = _decoded_shapes(paths)
+  return [f"{p} ({shapes[p][0]}x{shapes[p][1]})" for p in shapes if shapes[p][:2] != (stored,) * 2]
+
+
+def _wrong_size_message(
+  config: ml_collections.ConfigDict, split: str, error: Exception | None, wrong=None
+) -> str:
+  stored = config.data.stored_size
+  fix = "set --config.data.stored_size=0 (resize on the host) or resize the images"
+  if config.data.name != "folder":
+    cause = str(error).strip().split("\n", 1)[0][:300]
+    return (
+      f"config.data.stored_size={stored} but an image of split {split!r} is not: {cause}; {fix}"
+    )
+  wrong = _wrong_sizes(config, split) if wrong is None else wrong
+  more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+  first = wrong[0] if wrong else "one of them"
+  return (
+    f"config.data.stored_size={stored} but image file {first}{more} is not {stored}x{stored}; {fix}"
+  )
+
+
+def _find_unreadable(
+  config: ml_collections.ConfigDict, split: str, error: Exception | None
+) -> str | None:
   """Decodes every image of `split` in parallel to name those TensorFlow cannot read (None: all
   decode)."""
   cause = str(error).strip().split("\n", 1)[0][:300]
@@ -652,12 +714,7 @@ def _find_unreadable(config: ml_collections.ConfigDict, split: str, error: Excep
       "damaged: delete the dataset's directory and prepare it again."
     )
   paths = _FolderSource(config)._listing(split)[0]
-
-  def decoded_shape(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    return path, tf.shape(preprocess.decode(tf.io.read_file(path)))  # Output keeps the decode.
-
-  ds = tf.data.Dataset.from_tensor_slices(paths).map(decoded_shape, num_parallel_calls=_AUTOTUNE)
-  good_paths = {p.decode() for p, _ in ds.ignore_errors().as_numpy_iterator()}
+  good_paths = _decoded_shapes(paths)
   bad = [p for p in paths.tolist() if p not in good_paths]
   if not bad:
     return None

@@ -130,6 +130,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   info = input_pipeline.dataset_info(config)
   data_record = input_pipeline.data_fingerprint(config, info)
   workdirs.check_data(workdir, data_record)  # No resume on other data.
+  input_pipeline.check_split(config, config.data.eval_split)  # Bad test images fail now.
   steps_per_epoch = info.steps_per_epoch
   total_steps = _total_steps(config, steps_per_epoch)
   trainer = trainer_lib.build(config, mesh, steps_per_epoch)
