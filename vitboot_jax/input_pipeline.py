@@ -629,26 +629,51 @@ def numpy_batches(
 
 
 def check_split(config: ml_collections.ConfigDict, split: str, max_files: int = 20000) -> None:
-  """Decodes every image of an image folder's `split` if it has at most `max_files` (CIFAR's
-  test split: seconds), so a bad file stops the run before training rather than at its first
-  evaluation; larger splits and tfds datasets are checked as they are read.
+  """Checks an image folder's `split` before training if it has at most `max_files` (CIFAR's
+  test split), so a bad file stops the run at once rather than at its first evaluation.
+
+  Reads only each file's first and last bytes (CIFAR's 10k test files: well under a second;
+  decoding them all took 21 s on 2 cores): a file that does not start and end like a complete
+  JPEG/PNG (an interrupted copy) is then decoded to make sure, so a valid file is never refused.
+  A PNG's size is checked against config.data.stored_size from its header; a JPEG's, and any
+  damage inside a file, are found when the file is read. Larger splits and tfds datasets are
+  checked as they are read.
 
   Raises:
     UnreadableImageError: A file does not decode (named).
-    errors.ConfigError: An image's size differs from config.data.stored_size (named).
+    errors.ConfigError: A PNG's size differs from config.data.stored_size (named).
   """
   if config.data.name != "folder":
     return
   paths = _FolderSource(config)._listing(split)[0]
   if len(paths) > max_files:
     return
-  message = _find_unreadable(config, split, None)
-  if message is not None:
-    raise UnreadableImageError(message)
-  if configlib.device_resize_from(config):
-    wrong = _wrong_sizes(config, split)
-    if wrong:
-      raise errors.ConfigError(_wrong_size_message(config, split, None, wrong))
+  stored = configlib.device_resize_from(config)
+  suspects, wrong = [], []
+  for path in paths.tolist():
+    with open(path, "rb") as f:
+      head = f.read(24)
+      f.seek(max(0, os.fstat(f.fileno()).st_size - 32))
+      tail = f.read()
+    if head.startswith(_PNG_SIGNATURE):
+      complete = tail.endswith(_PNG_END)
+      size = (int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big"))
+      if stored and complete and size != (stored, stored):
+        wrong.append(f"{path} ({size[0]}x{size[1]})")
+    else:
+      complete = head.startswith(b"\xff\xd8") and b"\xff\xd9" in tail
+    if not complete:
+      suspects.append(path)
+  if suspects:
+    message = _find_unreadable(config, split, None, paths=np.array(suspects))
+    if message is not None:
+      raise UnreadableImageError(message)
+  if wrong:
+    raise errors.ConfigError(_wrong_size_message(config, split, None, wrong))
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_END = b"IEND\xaeB`\x82"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -700,10 +725,13 @@ def _wrong_size_message(
 
 
 def _find_unreadable(
-  config: ml_collections.ConfigDict, split: str, error: Exception | None
+  config: ml_collections.ConfigDict,
+  split: str,
+  error: Exception | None,
+  paths: np.ndarray | None = None,
 ) -> str | None:
-  """Decodes every image of `split` in parallel to name those TensorFlow cannot read (None: all
-  decode)."""
+  """Decodes every image of `split` (or `paths` of it) in parallel to name those TensorFlow
+  cannot read (None: all decode)."""
   cause = str(error).strip().split("\n", 1)[0][:300]
   if config.data.name != "folder":
     if not any(word in str(error) for word in ("JPEG", "PNG", "ecode", "DataLoss", "corrupt")):
@@ -713,7 +741,8 @@ def _find_unreadable(
       f"be decoded in split {split!r} ({type(error).__name__}: {cause}). Its prepared files are "
       "damaged: delete the dataset's directory and prepare it again."
     )
-  paths = _FolderSource(config)._listing(split)[0]
+  if paths is None:
+    paths = _FolderSource(config)._listing(split)[0]
   good_paths = _decoded_shapes(paths)
   bad = [p for p in paths.tolist() if p not in good_paths]
   if not bad:
