@@ -251,3 +251,53 @@ def test_remote_metrics_are_flushed_in_chunks(tmp_path, monkeypatch):
   assert len(writes) == 3, [text.count("\n") for text in writes]
   steps = [r["step"] for r in metrics.read_metrics(tmp_path)]
   assert steps == [1, *range(2, 31), 30, *range(31, 101)]
+
+
+@pytest.fixture
+def fake_bucket(tmp_path, monkeypatch):
+  """gs://bucket/... served from tmp_path/bucket through epath's own API (its test mock)."""
+  from etils.epath import gpath, testing
+
+  root = tmp_path / "bucket"
+  root.mkdir()
+
+  def local(path):
+    path = os.fspath(path)
+    return str(root) + path[len("gs://bucket") :] if path.startswith("gs://bucket") else path
+
+  def one(fn, path, *args, **kwargs):
+    return fn(local(path), *args, **kwargs)
+
+  def two(fn, path, dst, *args, **kwargs):
+    return fn(local(path), local(dst), *args, **kwargs)
+
+  monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)  # Else gs:// goes to tf.io.gfile.
+  names = ("exists", "glob", "isdir", "listdir", "makedirs", "mkdir", "open", "remove", "rmtree")
+  mocks = {name: one for name in (*names, "stat", "walk")}
+  with testing.mock_epath(**mocks, rename=two, replace=two, copy=two):
+    yield root
+
+
+def test_plot_and_sweep_read_a_bucket_workdir(fake_bucket):
+  from vitboot_jax.tools import plot, sweep
+
+  run = fake_bucket / "runs" / "a"
+  run.mkdir(parents=True)
+  lines = [{"step": 5, "epoch": 0.5, "train/loss_vit": 2.0}, {"step": 10, "eval/top1_vit": 0.25}]
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+  loaded = plot.load_run("gs://bucket/runs/a")
+  assert os.fspath(loaded.workdir) == "gs://bucket/runs/a" and loaded.label == "a"
+  assert [r["step"] for r in loaded.train] == [5] and [r["step"] for r in loaded.eval] == [10]
+
+  table = sweep.TABLES["cifar100"]
+  s = sweep.settings(table, root="gs://bucket/sweep")
+  assert s.root == "gs://bucket/sweep"
+  row = next(r for r in table.rows if r.name == "Ours-Shared S")
+  workdir = sweep.workdir(s, row, 0)
+  assert os.fspath(workdir) == "gs://bucket/sweep/vits_cifar100_mode-shared_align-none_seed0"
+  local = fake_bucket / "sweep" / "vits_cifar100_mode-shared_align-none_seed0"
+  local.mkdir(parents=True)
+  (local / "final.json").write_text(json.dumps({"top1_vit": 0.7512, "epochs": 240}))
+  entry = next(e for e in sweep.aggregate(table, s) if e["name"] == "Ours-Shared S")
+  assert entry["status"] == "done" and entry["top1"]["vit"]["mean"] == pytest.approx(75.12)
+  assert f"--workdir={workdir}" in entry["commands"][0]
