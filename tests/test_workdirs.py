@@ -91,6 +91,8 @@ def _foreign_claim(workdir, *, host="other-host", pid=1, heartbeat_age=0.0):
     "heartbeat": now - heartbeat_age,
     "token": "t-foreign",
   }
+  if host == socket.gethostname():
+    record.update(workdir_claim._machine(), host=host)
   (workdir / workdir_claim.CLAIM_FILE).write_text(json.dumps(record))
   return record
 
@@ -136,10 +138,14 @@ def test_stale_claims_are_taken_over(tmp_path, caplog):
   cases = {
     "its process no longer exists": dict(host=socket.gethostname(), pid=dead.pid),
     "heartbeat is": dict(heartbeat_age=workdir_claim.STALE_AFTER_SECONDS + 60),
+    "its host has rebooted since": dict(host=socket.gethostname(), pid=os.getppid()),
   }
   for i, (why, holder) in enumerate(cases.items()):
     workdir = tmp_path / str(i)
-    _foreign_claim(workdir, **holder)
+    record = _foreign_claim(workdir, **holder)
+    if "rebooted" in why:  # A live pid, but recorded before the host's last boot.
+      record["boot_id"] = "an-earlier-boot"
+      (workdir / workdir_claim.CLAIM_FILE).write_text(json.dumps(record))
     with caplog.at_level(logging.WARNING):
       claim = workdir_claim.acquire(workdir)
     assert why in caplog.text and "Taking over the claim" in caplog.text

@@ -9,8 +9,10 @@ workdir there; the heartbeat then finds the loser, which stops before its next c
 
 A background thread rewrites the heartbeat every HEARTBEAT_SECONDS. A claim is stale, and taken
 over with a warning, when its holder ran on this host and its pid is gone, or when its heartbeat is
-older than STALE_AFTER_SECONDS (the holder's host died or lost the workdir). To take over at once
-a claim you know is dead (e.g. its host was powered off), delete claim.json and re-run.
+older than STALE_AFTER_SECONDS (the holder's host died or lost the workdir). "This host" means
+the same host name, boot and pid namespace, so containers sharing a host name never judge each
+other's pids. To take over at once a claim you know is dead (e.g. its host was powered off),
+delete claim.json and re-run.
 
 Read-only tools (visualize, plot, sweep's table) never take or look at the claim.
 """
@@ -91,10 +93,36 @@ def _leftover(record: dict[str, Any]) -> Claim | bool | None:
   return claim if claim.thread_id == threading.get_ident() else None
 
 
+def _read_proc(path: str, link: bool = False) -> str | None:
+  try:
+    if link:
+      return os.readlink(path)
+    with open(path) as f:
+      return f.read().strip()
+  except OSError:  # Not Linux.
+    return None
+
+
+def _machine() -> dict[str, Any]:
+  """Who may judge a pid: the host, its boot, and the pid namespace (containers sharing a host
+  name see different pids)."""
+  return {
+    "host": socket.gethostname(),
+    "boot_id": _read_proc("/proc/sys/kernel/random/boot_id"),
+    "pid_namespace": _read_proc("/proc/self/ns/pid", link=True),
+  }
+
+
 def stale_reason(record: dict[str, Any], now: float | None = None) -> str | None:
   """Why the claim `record` no longer holds its workdir, or None while its holder may be alive."""
   now = time.time() if now is None else now
-  if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
+  here = _machine()
+  if record.get("host") == here["host"] and record.get("boot_id") != here["boot_id"]:
+    return "its host has rebooted since"
+  same_pids = record.get("host") == here["host"] and (
+    record.get("pid_namespace") == here["pid_namespace"]
+  )
+  if same_pids and isinstance(record.get("pid"), int):
     if not _pid_alive(record["pid"]):
       return "its process no longer exists"
     if record["pid"] == os.getpid() and _leftover(record) is not None:
@@ -271,7 +299,7 @@ def acquire(workdir: epath.PathLike) -> Claim:
   path = workdir / CLAIM_FILE
   now = time.time()
   record = {
-    "host": socket.gethostname(),
+    **_machine(),
     "pid": os.getpid(),
     "started": now,
     "heartbeat": now,
