@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -166,7 +167,7 @@ def plot_runs(
   labels: Sequence[str] | None = None,
   smooth: int = DEFAULT_SMOOTH,
   title: str | None = None,
-) -> epath.Path:
+) -> epath.Path | pathlib.Path:
   """Draws the curves of `workdirs` into the PNG `out`; returns its path.
 
   Args:
@@ -257,7 +258,7 @@ def plot_runs(
   out.parent.mkdir(parents=True, exist_ok=True)
   with out.open("wb") as f:
     fig.savefig(f, format="png")
-  return out
+  return out if "://" in os.fspath(out) else pathlib.Path(out)  # Local: a plain pathlib.Path.
 
 
 _FLAGS = {}
