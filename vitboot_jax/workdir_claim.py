@@ -345,20 +345,33 @@ class _OtherProcess:
 
 
 def acquire_for_run(workdir: epath.PathLike) -> Claim | _OtherProcess:
-  """`acquire` on process 0; every process of a multi-process run gets its verdict."""
+  """`acquire` on process 0; every process of a multi-process run gets its verdict.
+
+  The verdict goes through the coordination service's key-value store, not a collective: the
+  processes reach this point up to minutes apart (imports, data checks), longer than a
+  collective's set-up waits.
+  """
   import jax
-  import numpy as np
-  from jax.experimental import multihost_utils
 
   if jax.process_count() == 1:
     return acquire(workdir)
-  claim, refused = None, None
+  from jax._src import distributed  # The store jax.distributed started (orbax uses it too).
+
+  client = distributed.global_state.client
+  key = f"vitboot_jax/workdir_claim/{_key(workdir)}"
   if jax.process_index() == 0:
     try:
       claim = acquire(workdir)
     except WorkdirBusyError as error:
-      refused = error
-  ok = multihost_utils.broadcast_one_to_all(np.int32(refused is None))
-  if not int(ok):
-    raise refused or WorkdirBusyError(_busy_message(workdir, read(workdir) or {}))
-  return claim or _OtherProcess()
+      client.key_value_set(key, str(error))
+      raise
+    client.key_value_set(key, "")
+    return claim
+  verdict = client.blocking_key_value_get(key, int(VERDICT_TIMEOUT_SECONDS * 1000))
+  if verdict:
+    raise WorkdirBusyError(verdict)
+  return _OtherProcess()
+
+
+# How long processes other than 0 wait for process 0 to reach the claim.
+VERDICT_TIMEOUT_SECONDS = 1800.0
