@@ -319,6 +319,10 @@ def test_main_trains_without_tensorflow(device_run):
   assert final["step"] == 20 and final["count"] == 40.0
   assert list(device_run.glob("events.out.tfevents*"))
   assert sorted(r["step"] for r in _metrics(device_run) if "eval/top1_vit" in r) == [10, 20]
+  data = json.loads((device_run / "data.json").read_text())  # What a resume must match.
+  assert data["name"] == "npz" and data["steps_per_epoch"] == 10
+  assert len(data["splits"]["train"]["arrays_sha256"]) == 64
+  assert not (device_run / "claim.json").exists()  # Released at the end.
 
 
 @pytest.mark.slow
