@@ -334,9 +334,10 @@ def data_fingerprint(config: ml_collections.ConfigDict, info: DatasetInfo) -> di
 
   Per split, its example count and: for an image folder, a sha256 of the file list (paths
   relative to the split, and sizes); for an .npz, a sha256 of its images' and labels' bytes
-  (CIFAR-10's 180 MB: about 0.3 s; the file's own bytes would change with every write's zip
-  timestamps); for a tfds dataset, the dataset's version (read through tfds, hence TensorFlow,
-  which a tfds run has). All: class names, training examples and steps per epoch.
+  (a fraction of a second at CIFAR scale, docs/performance.md; the file's own bytes change with
+  every write's zip timestamps); for a tfds dataset, the dataset's version (read through tfds,
+  hence TensorFlow, which a tfds run has). All: class names, training examples and steps per
+  epoch.
   """
   name, train_split = config.data.name, config.data.train_split
   split_names = list(dict.fromkeys((train_split, config.data.eval_split)))
