@@ -5,6 +5,10 @@ the paper's subsets, device_data.py for everything it places on the devices. An 
 ROOT/<split>/<class>/*.{jpg,jpeg,png}, decoded here with PIL; an `.npz` dataset is
 DIR/<split>.npz with `images` uint8 [N, H, W, 3], `labels` int [N] and optionally `class_names`
 [C] and `file_names` [N] (which order the paper's subsets as tfds' record names do).
+
+Also here, for both pipelines: the folder listing's checks (a class in one split, unsupported or
+empty files), `check_split` (a bad test image before training) and `data_fingerprint` (what the
+workdir records in data.json, so a resume on other data is refused).
 """
 
 from __future__ import annotations
