@@ -1,7 +1,9 @@
 """Tests for vitboot_jax.checkpoint: sharded round trip, keep-last-K, kills and corruption."""
 
+import json
 import os
 import shutil
+import time
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vitboot_jax import checkpoint as ckpt_lib
+from vitboot_jax import workdir_claim
 
 
 @pytest.fixture(scope="module")
@@ -276,3 +279,62 @@ def test_unrestorable_sharding_is_not_called_corruption(tmp_path, mesh):
       ckpt.restore_latest(abstract)
   assert not isinstance(info.value, ckpt_lib.CorruptCheckpointError)
   assert "is intact" in str(info.value) and "delete the directory" not in str(info.value)
+
+
+def test_two_checkpointers_cannot_overwrite_a_complete_step(tmp_path, mesh):
+  first = ckpt_lib.Checkpointer(tmp_path)
+  second = ckpt_lib.Checkpointer(tmp_path)  # Opened before the first saved: orbax's list is empty.
+  assert first.save(5, make_state(mesh, seed=1), force=True)
+  first.wait()
+  saved = snapshot(tmp_path / "checkpoints" / "5")
+  assert not second.save(5, make_state(mesh, seed=2), force=True)
+  second.wait()
+  assert snapshot(tmp_path / "checkpoints" / "5") == saved
+  # Another writer's save in progress (orbax's temporary directory) is neither replaced nor moved.
+  in_progress = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp"
+  (in_progress / "default").mkdir(parents=True)
+  with pytest.raises(ckpt_lib.CheckpointSaveError, match="another writer") as info:
+    second.save(6, make_state(mesh, seed=2), force=True)
+  assert "\n" not in str(info.value)
+  assert in_progress.is_dir()
+  first.close()
+  second.close()
+  with ckpt_lib.Checkpointer(tmp_path, read_only=True) as ckpt:
+    restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
+  assert step == 5
+  assert_same(restored, make_state(mesh, seed=1))
+
+
+def test_read_only_and_unclaimed_checkpointers_move_nothing(tmp_path, mesh):
+  _save_steps(tmp_path, mesh, [10])
+  root = tmp_path / "checkpoints"
+  (root / "20.orbax-checkpoint-tmp" / "default").mkdir(parents=True)  # A live run's save.
+  with ckpt_lib.Checkpointer(tmp_path, read_only=True) as ckpt:
+    assert ckpt.latest_step() == 10
+    with pytest.raises(ckpt_lib.CheckpointError, match="read-only"):
+      ckpt.save(11, make_state(mesh), force=True)
+  assert sorted(os.listdir(root)) == ["10", "20.orbax-checkpoint-tmp"]
+  # A live run elsewhere holds the workdir: a Checkpointer opened beside it moves nothing either.
+  host = "other-host"
+  claim = {"host": host, "pid": 1, "started": 0, "heartbeat": time.time(), "token": "x"}
+  (tmp_path / workdir_claim.CLAIM_FILE).write_text(json.dumps(claim))
+  with ckpt_lib.Checkpointer(tmp_path):
+    pass
+  assert sorted(os.listdir(root)) == ["10", "20.orbax-checkpoint-tmp"]
+
+
+def test_any_save_failure_is_one_checkpoint_save_error(tmp_path, mesh, monkeypatch):
+  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+    assert ckpt.save(5, make_state(mesh), force=True)
+    ckpt.wait()
+
+    def failing_save(*args, **kwargs):  # What tensorstore raises on a vanished temporary dir.
+      raise ValueError('NOT_FOUND: Error opening "zarr" driver:\n{"kvstore": ...}\n[source...]')
+
+    monkeypatch.setattr(ckpt._manager, "save", failing_save)
+    with pytest.raises(ckpt_lib.CheckpointSaveError) as info:
+      ckpt.save(10, make_state(mesh), force=True)
+  message = str(info.value)
+  assert "\n" not in message
+  assert f"Saving step 10 under {tmp_path / 'checkpoints'} failed: ValueError: NOT_FOUND" in message
+  assert "newest complete checkpoint (step 5), which is intact" in message

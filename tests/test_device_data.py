@@ -225,6 +225,57 @@ def test_device_pipeline_refuses_augmentations_it_lacks(npz_dir):
     configlib.validate(config)
 
 
+def test_data_record_and_test_split_check_need_no_tensorflow(image_folder, npz_dir, tmp_path):
+  """What train.py records and checks before training, for a folder and an .npz, TF-free."""
+  import shutil
+
+  folder = tmp_path / "folder"
+  shutil.copytree(image_folder, folder)
+  bad = folder / "test" / "class2" / "001.png"
+  bad.write_bytes(bad.read_bytes()[:100])  # An interrupted copy: PIL must be what finds it.
+  code = (
+    "import json\n"
+    "from tests.config_files import load_config\n"
+    "from vitboot_jax import errors, sources\n"
+    f"config = load_config({TINY!r})\n"
+    f"config.data.update(name='folder', dir={str(folder)!r}, pipeline='device')\n"
+    "info = sources.DatasetInfo(160, 40, 10, 10, tuple(f'class{c}' for c in range(10)))\n"
+    "records = [sources.data_fingerprint(config, info)]\n"
+    "try:\n"
+    "  sources.check_split(config, 'test')\n"
+    "  message = None\n"
+    "except errors.UsageError as error:\n"
+    "  message = str(error)\n"
+    f"config.data.update(name='npz', dir={str(npz_dir)!r})\n"
+    "records.append(sources.data_fingerprint(config, info))\n"
+    "print(json.dumps([records, message, 'tensorflow' in sys.modules]))\n"
+  )
+  proc = without_tensorflow.run(code)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (folder_record, npz_record), message, imported_tf = json.loads(proc.stdout.splitlines()[-1])
+  assert not imported_tf
+  assert message and str(bad) in message and "\n" not in message, message
+  assert folder_record["splits"]["test"]["examples"] == 40
+  assert len(folder_record["splits"]["train"]["files_sha256"]) == 64
+  assert [s["examples"] for s in npz_record["splits"].values()] == [160, 40]
+  assert len(npz_record["splits"]["test"]["arrays_sha256"]) == 64
+
+
+def test_a_changed_npz_of_the_same_size_is_another_dataset(tmp_path):
+  root = _write_npz(tmp_path / "data")
+  config = _config(root)
+  info = sources.DatasetInfo(160, 40, 10, 10, tuple(str(c) for c in range(10)))
+  before = sources.data_fingerprint(config, info)
+  arrays = dict(np.load(root / "test.npz"))
+  sources.write_npz(str(root / "test.npz"), arrays["images"], arrays["labels"])
+  assert sources.data_fingerprint(config, info) == before  # Same arrays, new file: same data.
+  arrays["images"][0, 0, 0, 0] ^= 1
+  sources.write_npz(str(root / "test.npz"), arrays["images"], arrays["labels"])
+  after = sources.data_fingerprint(config, info)
+  assert after["splits"]["train"] == before["splits"]["train"]
+  assert after["splits"]["test"]["arrays_sha256"] != before["splits"]["test"]["arrays_sha256"]
+
+
 def test_pack_npz_from_an_image_folder(image_folder, tmp_path):
   out = tmp_path / "packed"
   prepare_data.pack_npz("folder", str(image_folder), str(out))
@@ -268,6 +319,10 @@ def test_main_trains_without_tensorflow(device_run):
   assert final["step"] == 20 and final["count"] == 40.0
   assert list(device_run.glob("events.out.tfevents*"))
   assert sorted(r["step"] for r in _metrics(device_run) if "eval/top1_vit" in r) == [10, 20]
+  data = json.loads((device_run / "data.json").read_text())  # What a resume must match.
+  assert data["name"] == "npz" and data["steps_per_epoch"] == 10
+  assert len(data["splits"]["train"]["arrays_sha256"]) == 64
+  assert not (device_run / "claim.json").exists()  # Released at the end.
 
 
 @pytest.mark.slow

@@ -283,8 +283,12 @@ def test_full_disk_save_fails_clearly_and_keeps_the_older_checkpoint(small_disk)
     ckpt.wait()
     with pytest.raises(checkpoint.CheckpointSaveError) as info:
       ckpt.save(2, {"w": state["w"] + 1}, force=True)
-      ckpt.wait()
+      deadline = time.time() + 60
+      while time.time() < deadline:  # The loop asks every step: the failure shows at once.
+        ckpt.should_save(3)
+        time.sleep(0.01)
   message = str(info.value)
+  assert "Saving a checkpoint under" in message and "\n" not in message
   assert "No space left on device" in message and "Free disk space" in message
   assert "newest complete checkpoint (step 1), which is intact" in message
   with checkpoint.Checkpointer(small_disk) as ckpt:
@@ -347,3 +351,145 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(uninterrupted, image_
   assert sorted(got) == list(range(1, 31))
   for step in got:
     assert got[step] == pytest.approx(want[step], rel=1e-3), step
+
+
+# ---------------------------------------------------------------------------------------------
+# The workdir as a contract: one run at a time, no resume on other data.
+
+
+def _refusal(proc_or_log):
+  """The one error line of a run that exited 2, checked to be its last line and alone."""
+  log = proc_or_log if isinstance(proc_or_log, str) else proc_or_log.stderr
+  assert "Traceback" not in log, log[-3000:]
+  errors = [line for line in log.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and log.rstrip().endswith(errors[0]), log[-3000:]
+  return errors[0]
+
+
+@pytest.mark.slow
+def test_second_run_on_a_held_workdir_refuses_and_the_first_is_intact(image_folder, tmp_path):
+  workdir = tmp_path / "held"
+
+  def start():
+    cmd = command(workdir, image_folder)
+    return subprocess.Popen(cmd, env=env(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+  together = [start(), start()]  # A requeued job starting beside its predecessor.
+  deadline = time.time() + 300
+  while all(p.poll() is None for p in together) and time.time() < deadline:
+    time.sleep(0.05)
+  loser = next(p for p in together if p.poll() is not None)
+  winner = next(p for p in together if p is not loser)
+  log = loser.stderr.read().decode()
+  assert loser.returncode == 2, log[-3000:]
+  line = _refusal(log)
+  assert f"--workdir={workdir} is in use by another run: pid {winner.pid}" in line
+  assert "own --workdir" in line
+
+  while not _after_step(6)(None, workdir):  # Then one launched while the first trains.
+    assert winner.poll() is None, winner.stderr.read().decode()[-3000:]
+    time.sleep(0.05)
+  late = subprocess.run(command(workdir, image_folder), env=env(1), capture_output=True, text=True)
+  assert late.returncode == 2 and f"pid {winner.pid}" in _refusal(late)
+
+  _, log = winner.communicate(timeout=600)
+  assert winner.returncode == 0, log.decode()[-3000:]
+  records = metrics(workdir)
+  assert [r["step"] for r in records if "train/loss_vit" in r] == list(range(1, 31))
+  assert [r["step"] for r in records if "eval/top1_vit" in r] == [10, 20, 30]
+  root = workdir / "checkpoints"
+  assert sorted(os.listdir(root)) == ["24", "28", "30"]  # keep 3; nothing moved aside.
+  assert all((root / s / checkpoint.COMMIT_MARKER).exists() for s in os.listdir(root))
+  assert not (workdir / "claim.json").exists()
+  assert json.loads((workdir / "final.json").read_text())["resumed_from_step"] == 0
+
+
+@pytest.mark.slow
+def test_resume_after_the_data_changed_is_refused(image_folder, tmp_path):
+  import shutil
+
+  folder = tmp_path / "data"
+  shutil.copytree(image_folder, folder)
+  workdir = tmp_path / "changed"
+  watched = _WatchedRun(workdir, folder, _after_step(5), sig=signal.SIGTERM)
+  assert watched.wait() == 128 + signal.SIGTERM, "".join(watched.log)[-3000:]
+  before = sorted(os.listdir(workdir / "checkpoints"))
+  for png in sorted(folder.glob("train/*/*.png"))[::2]:  # Half the training images deleted.
+    png.unlink()
+  proc = subprocess.run(command(workdir, folder), env=env(1), capture_output=True, text=True)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  line = _refusal(proc)
+  assert "trained on other data" in line and "'train' examples 160 -> 80" in line
+  assert "steps per epoch 10 -> 5" in line and "new --workdir" in line
+  assert sorted(os.listdir(workdir / "checkpoints")) == before
+  assert max(r["step"] for r in metrics(workdir)) >= 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad data: one line naming the file(s), exit 2 (errors.UsageError).
+
+
+@pytest.fixture
+def data_copy(image_folder, tmp_path):
+  import shutil
+
+  folder = tmp_path / "data"
+  shutil.copytree(image_folder, folder)
+  return folder
+
+
+def test_a_class_in_only_one_split_is_a_data_error(data_copy):
+  import shutil
+
+  from vitboot_jax import errors
+
+  extra = data_copy / "test" / "zebra"
+  shutil.copytree(data_copy / "test" / "class0", extra)
+  with pytest.raises(errors.DataError, match=r"classes \['zebra'\] are only in 'test'"):
+    input_pipeline.dataset_info(_tiny_config(data_copy))
+  shutil.rmtree(extra)
+  shutil.rmtree(data_copy / "test" / "class3")
+  with pytest.raises(errors.DataError, match=r"\['class3'\] of the training split have no folder"):
+    input_pipeline.dataset_info(_tiny_config(data_copy))
+
+
+def test_unsupported_files_are_counted_and_named(data_copy, caplog):
+  for name in ("a.bmp", "b.webp", "c.tif"):
+    (data_copy / "train" / "class1" / name).write_bytes(b"not used")
+  with caplog.at_level("WARNING"):
+    info = input_pipeline.dataset_info(_tiny_config(data_copy))
+  assert info.num_train_examples == 160
+  assert "Skipping 3 file(s)" in caplog.text
+  assert str(data_copy / "train" / "class1" / "b.webp") in caplog.text
+
+
+@pytest.mark.parametrize("pipeline", ["tfdata", "device"])
+@pytest.mark.parametrize("damage", ["truncated", "empty", "wrong size"])
+def test_a_bad_test_image_stops_the_run_before_training(data_copy, damage, pipeline):
+  import tensorflow as tf
+
+  from vitboot_jax import errors, sources
+
+  config = _tiny_config(data_copy)
+  config.data.pipeline = pipeline  # Suspects are decoded by TensorFlow or by PIL.
+  config.image_size = 64  # Stored at 32, resized on the device: every image must be 32x32.
+  config.data.stored_size = 32
+  bad = data_copy / "test" / "class2" / "001.png"
+  data = bad.read_bytes()
+  if damage == "truncated":
+    bad.write_bytes(data[: len(data) // 2])
+  elif damage == "empty":
+    bad.write_bytes(b"")
+  else:
+    bad.write_bytes(tf.io.encode_png(np.zeros((40, 36, 3), np.uint8)).numpy())
+  with pytest.raises(errors.UsageError) as info:  # main: one line, exit 2.
+    sources.check_split(config, "test")
+  message = str(info.value)
+  assert str(bad) in message and "\n" not in message
+  if damage == "wrong size":
+    assert "stored_size=32 but image file" in message and "(40x36) is not 32x32" in message
+  # The same file met while evaluating is named too (larger splits are not checked up front).
+  if damage != "empty" and pipeline == "tfdata":
+    with pytest.raises(errors.UsageError, match=str(bad)):
+      for _ in input_pipeline.eval_batches(config):
+        pass

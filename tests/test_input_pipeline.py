@@ -354,6 +354,16 @@ def test_tfds_prepared_dataset(tfds_dir):
   np.testing.assert_array_equal(np.sort(seen), np.arange(30, 51))
 
 
+def test_tfds_data_record_is_the_version_and_split_counts(tfds_dir):
+  from vitboot_jax import sources
+
+  config = make_config(tfds_dir, name="vitboot_tiny_images", train_fraction=0.5)
+  record = sources.data_fingerprint(config, input_pipeline.dataset_info(config))
+  assert record["version"] == str(VitbootTinyImages.VERSION)
+  assert record["splits"] == {"train": {"examples": 30}, "test": {"examples": 21}}
+  assert record["num_train_examples"] == 15 and record["class_names"] == list(CLASSES)
+
+
 # ---------------------------------------------------------------------------------------------
 # ImageNet subsets: tfds records carry their original file names (imagenet2012's `file_name`);
 # the subset must hold the images the official code picks from the sorted class folders.

@@ -1,11 +1,18 @@
-"""Workdir rules: one config per run, finished or not; no checkpoint: any config is accepted."""
+"""Workdir rules: one config per run, finished or not; one live run at a time; no resume on other
+data; without a checkpoint any config (and any data) is accepted."""
 
 import json
+import logging
 import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
 
 import pytest
 
-from vitboot_jax import checkpoint, configlib, errors, workdirs
+from vitboot_jax import checkpoint, configlib, errors, workdir_claim, workdirs
 
 
 def _config(**fields):
@@ -92,3 +99,235 @@ def test_workdir_without_write_permission(tmp_path):
   locked.mkdir(mode=0o500)
   with pytest.raises(errors.WorkdirError, match="cannot be written"):
     workdirs.check(locked / "run", _config())
+
+
+# ---------------------------------------------------------------------------------------------
+# One run per workdir: the claim.
+
+
+def _foreign_claim(workdir, *, host="other-host", pid=1, heartbeat_age=0.0):
+  workdir.mkdir(parents=True, exist_ok=True)
+  now = time.time()
+  record = {
+    "host": host,
+    "pid": pid,
+    "started": now - 3600,
+    "heartbeat": now - heartbeat_age,
+    "token": "t-foreign",
+  }
+  if host == socket.gethostname():
+    record.update(workdir_claim._machine(), host=host)
+  (workdir / workdir_claim.CLAIM_FILE).write_text(json.dumps(record))
+  return record
+
+
+def test_claim_is_exclusive_and_names_the_holder(tmp_path):
+  claim = workdir_claim.acquire(tmp_path)
+  record = json.loads((tmp_path / workdir_claim.CLAIM_FILE).read_text())
+  assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+  refused = []
+
+  def second():  # Another thread stands for another run: the first is still running.
+    # main's check (before JAX loads), then the claim itself.
+    for attempt in (
+      lambda: workdirs.check(tmp_path, _config()),
+      lambda: workdir_claim.acquire(tmp_path),
+    ):
+      try:
+        attempt()
+      except errors.WorkdirError as error:
+        refused.append(str(error))
+
+  thread = threading.Thread(target=second)
+  thread.start()
+  thread.join()
+  assert len(refused) == 2 and refused[0] == refused[1]
+  assert f"is in use by another run: pid {os.getpid()} on {socket.gethostname()}" in refused[0]
+  assert "own --workdir" in refused[0] and "claim.json" in refused[0]
+  claim.release()
+  assert not (tmp_path / workdir_claim.CLAIM_FILE).exists()
+  workdir_claim.acquire(tmp_path).release()
+
+
+def test_live_claim_of_another_host_is_refused(tmp_path):
+  _foreign_claim(tmp_path, heartbeat_age=30)
+  with pytest.raises(workdir_claim.WorkdirBusyError, match="pid 1 on other-host"):
+    workdir_claim.acquire(tmp_path)
+  assert json.loads((tmp_path / workdir_claim.CLAIM_FILE).read_text())["token"] == "t-foreign"
+
+
+def test_stale_claims_are_taken_over(tmp_path, caplog):
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  cases = {
+    "its process no longer exists": dict(host=socket.gethostname(), pid=dead.pid),
+    "heartbeat is": dict(heartbeat_age=workdir_claim.STALE_AFTER_SECONDS + 60),
+    "its host has rebooted since": dict(host=socket.gethostname(), pid=os.getppid()),
+  }
+  for i, (why, holder) in enumerate(cases.items()):
+    workdir = tmp_path / str(i)
+    record = _foreign_claim(workdir, **holder)
+    if "rebooted" in why:  # A live pid, but recorded before the host's last boot.
+      record["boot_id"] = "an-earlier-boot"
+      (workdir / workdir_claim.CLAIM_FILE).write_text(json.dumps(record))
+    with caplog.at_level(logging.WARNING):
+      claim = workdir_claim.acquire(workdir)
+    assert why in caplog.text and "Taking over the claim" in caplog.text
+    assert json.loads((workdir / workdir_claim.CLAIM_FILE).read_text())["token"] == claim.token
+    assert [p.name for p in workdir.iterdir()] == [workdir_claim.CLAIM_FILE]
+    claim.release()
+
+
+def test_an_earlier_in_process_run_leaves_no_lasting_claim(tmp_path):
+  workdir_claim.acquire(tmp_path)  # A run on this thread that raised before releasing.
+  claim = workdir_claim.acquire(tmp_path)
+  assert workdir_claim.held(tmp_path) is claim
+  claim.release()
+
+
+def test_heartbeat_refreshes_and_finds_a_takeover(tmp_path):
+  claim = workdir_claim.acquire(tmp_path)
+  path = tmp_path / workdir_claim.CLAIM_FILE
+  before = json.loads(path.read_text())["heartbeat"]
+  time.sleep(0.01)
+  claim.refresh()
+  assert json.loads(path.read_text())["heartbeat"] > before
+  _foreign_claim(tmp_path)  # Another run took the workdir over (e.g. after a long pause).
+  claim.refresh()
+  with pytest.raises(workdir_claim.WorkdirBusyError, match="taken over by another run"):
+    claim.check()
+  import jax.numpy as jnp
+
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    with pytest.raises(workdir_claim.WorkdirBusyError):
+      ckpt.save(1, {"w": jnp.ones(2)}, force=True)
+  claim.release()
+  assert json.loads(path.read_text())["token"] == "t-foreign"  # Not ours: left alone.
+
+
+# ---------------------------------------------------------------------------------------------
+# No resume on other data.
+
+
+def _data_record(**changes):
+  record = {
+    "name": "folder",
+    "splits": {
+      "train": {"examples": 160, "files_sha256": "a"},
+      "test": {"examples": 40, "files_sha256": "b"},
+    },
+    "class_names": ["c0", "c1"],
+    "num_train_examples": 160,
+    "steps_per_epoch": 10,
+  }
+  record.update(changes)
+  return record
+
+
+def test_resume_on_other_data_is_refused(tmp_path):
+  _write_run(tmp_path, _config(), checkpoint_step=8)
+  (tmp_path / workdirs.DATA_FILE).write_text(json.dumps(_data_record()))
+  workdirs.check_data(tmp_path, _data_record())
+  fewer = _data_record(
+    splits={
+      "train": {"examples": 80, "files_sha256": "c"},
+      **{"test": _data_record()["splits"]["test"]},
+    },
+    num_train_examples=80,
+    steps_per_epoch=5,
+  )
+  with pytest.raises(errors.WorkdirError) as info:
+    workdirs.check_data(tmp_path, fewer)
+  message = str(info.value)
+  assert "num train examples 160 -> 80" in message and "steps per epoch 10 -> 5" in message
+  assert "'train' examples 160 -> 80" in message and "new --workdir" in message
+  renamed = _data_record(splits={**_data_record()["splits"], "test": {"examples": 40}})
+  with pytest.raises(errors.WorkdirError, match="'test' files differ"):
+    workdirs.check_data(tmp_path, renamed)
+  # Without a checkpoint nothing is resumed: the run starts afresh on the new data.
+  shutil.rmtree(tmp_path / workdirs.CHECKPOINT_SUBDIR)
+  workdirs.check_data(tmp_path, fewer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics on an object store: appends buffered, never a read and a rewrite per line.
+
+
+def test_remote_metrics_are_flushed_in_chunks(tmp_path, monkeypatch):
+  from etils import epath
+
+  from vitboot_jax import metrics
+
+  monkeypatch.setattr(metrics, "_is_local", lambda path: False)  # As for gs://: no appends.
+  writes, reads = [], []
+  real_write, real_read = metrics._atomic_write_text, epath.Path.read_text
+  monkeypatch.setattr(
+    metrics, "_atomic_write_text", lambda path, text: (writes.append(text), real_write(path, text))
+  )
+  monkeypatch.setattr(
+    epath.Path, "read_text", lambda self, *a, **k: (reads.append(self), real_read(self, *a, **k))[1]
+  )
+  (tmp_path / metrics.METRICS_FILE).write_text('{"step": 1, "train/loss": 3.0}\n')
+  writer = metrics.MetricWriter(tmp_path, asynchronous=False, flush_every_steps=50)
+  writer.truncate_after(1)  # A resumed run: the file is read once, here.
+  reads.clear()
+  for step in range(2, 101):
+    writer.write(step, {"train/loss": 1.0 / step})
+    if step == 30:
+      writer.write(step, {"eval/top1": 0.5})
+  writer.close()
+  assert reads == []  # Never read back while training.
+  # Flushes after the evaluation (30), at the checkpoint steps (50, 100), and none per line.
+  assert len(writes) == 3, [text.count("\n") for text in writes]
+  steps = [r["step"] for r in metrics.read_metrics(tmp_path)]
+  assert steps == [1, *range(2, 31), 30, *range(31, 101)]
+
+
+@pytest.fixture
+def fake_bucket(tmp_path, monkeypatch):
+  """gs://bucket/... served from tmp_path/bucket through epath's own API (its test mock)."""
+  from etils.epath import gpath, testing
+
+  root = tmp_path / "bucket"
+  root.mkdir()
+
+  def local(path):
+    path = os.fspath(path)
+    return str(root) + path[len("gs://bucket") :] if path.startswith("gs://bucket") else path
+
+  def one(fn, path, *args, **kwargs):
+    return fn(local(path), *args, **kwargs)
+
+  def two(fn, path, dst, *args, **kwargs):
+    return fn(local(path), local(dst), *args, **kwargs)
+
+  monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)  # Else gs:// goes to tf.io.gfile.
+  names = ("exists", "glob", "isdir", "listdir", "makedirs", "mkdir", "open", "remove", "rmtree")
+  mocks = {name: one for name in (*names, "stat", "walk")}
+  with testing.mock_epath(**mocks, rename=two, replace=two, copy=two):
+    yield root
+
+
+def test_plot_and_sweep_read_a_bucket_workdir(fake_bucket):
+  from vitboot_jax.tools import plot, sweep
+
+  run = fake_bucket / "runs" / "a"
+  run.mkdir(parents=True)
+  lines = [{"step": 5, "epoch": 0.5, "train/loss_vit": 2.0}, {"step": 10, "eval/top1_vit": 0.25}]
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+  loaded = plot.load_run("gs://bucket/runs/a")
+  assert os.fspath(loaded.workdir) == "gs://bucket/runs/a" and loaded.label == "a"
+  assert [r["step"] for r in loaded.train] == [5] and [r["step"] for r in loaded.eval] == [10]
+
+  table = sweep.TABLES["cifar100"]
+  s = sweep.settings(table, root="gs://bucket/sweep")
+  assert s.root == "gs://bucket/sweep"
+  row = next(r for r in table.rows if r.name == "Ours-Shared S")
+  workdir = sweep.workdir(s, row, 0)
+  assert os.fspath(workdir) == "gs://bucket/sweep/vits_cifar100_mode-shared_align-none_seed0"
+  local = fake_bucket / "sweep" / "vits_cifar100_mode-shared_align-none_seed0"
+  local.mkdir(parents=True)
+  (local / "final.json").write_text(json.dumps({"top1_vit": 0.7512, "epochs": 240}))
+  entry = next(e for e in sweep.aggregate(table, s) if e["name"] == "Ours-Shared S")
+  assert entry["status"] == "done" and entry["top1"]["vit"]["mean"] == pytest.approx(75.12)
+  assert f"--workdir={workdir}" in entry["commands"][0]

@@ -9,11 +9,16 @@ object stores (gs://) it writes in place and the marker alone marks the commit. 
 only if its directory has the final name AND holds `commit_success.txt`; both are checked through
 the step-name format handed to orbax, so orbax's own step list, its keep-last-K deletion and its
 restore never see a save that a kill cut short. A step directory without the marker would block
-the resumed run from saving that step again, so it is moved aside into
-`checkpoints/incomplete/<name>-<UTC time>` (logged), never deleted.
+the resumed run from saving that step again, so at start-up, and only then, it is moved aside into
+`checkpoints/incomplete/<name>-<UTC time>` (logged), never deleted. The run holds the workdir's
+claim (workdir_claim.py) by then, so nothing moved can be another live run's save in progress;
+if another run holds the claim, or the Checkpointer is read-only (tools), nothing is moved.
 
-Writing. A save that fails (full disk, lost permissions, quota) raises `CheckpointSaveError`
-naming the directory, the cause and the newest complete step, which is left intact.
+Writing. `save` never deletes or overwrites a step directory that exists on disk, whoever wrote
+it. A save that fails in any way (full disk, lost permissions, quota, any orbax or tensorstore
+error) raises `CheckpointSaveError`: one line naming the directory, the cause, the fix and the
+newest complete step, which is left intact. A background write's failure is raised at the next
+`should_save` (called every step), not only at the next save.
 
 Corruption. A complete step whose files cannot be read (truncated, garbled) is not skipped
 silently: restoring an older step would quietly lose training. `restore_latest` raises
@@ -40,6 +45,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from vitboot_jax import workdir_claim
 from vitboot_jax.workdirs import CHECKPOINT_SUBDIR, COMMIT_MARKER
 
 PyTree = Any
@@ -119,6 +125,7 @@ class Checkpointer:
     keep: int | None = 3,
     save_every_steps: int | None = None,
     async_save: bool = True,
+    read_only: bool = False,
   ):
     """Opens (creating if needed) the checkpoint directory of `workdir`.
 
@@ -129,6 +136,8 @@ class Checkpointer:
         (and on a preemption notice).
       async_save: Write to disk in a background thread once arrays are copied to host memory,
         so training (and buffer donation) continues during the write.
+      read_only: Only restore (tools): create, move and delete nothing, so a tool pointed at a
+        live run never touches its saves.
     """
     if keep is not None and keep < 1:
       raise ValueError(f"keep must be >= 1 or None, got {keep}.")
@@ -139,10 +148,13 @@ class Checkpointer:
     # `--workdir=runs/x` is relative to where they launched; URLs such as gs:// count as absolute.
     if not workdir.is_absolute():
       workdir = workdir.absolute()
+    self._workdir = workdir
     self._directory = workdir / CHECKPOINT_SUBDIR
     self._save_every = save_every_steps
     self._name_format = _CommittedStepsFormat()
-    self._set_aside_incomplete()
+    self._read_only = read_only
+    if not read_only:
+      self._set_aside_incomplete()
     # Registered up front so a fresh manager can read a step's metadata before any restore.
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
     for args_type in (ocp.args.StandardSave, ocp.args.StandardRestore):
@@ -153,7 +165,8 @@ class Checkpointer:
         max_to_keep=keep,
         step_name_format=self._name_format,
         enable_async_checkpointing=async_save,
-        create=True,
+        create=not read_only,
+        read_only=read_only,
       ),
       handler_registry=registry,
     )
@@ -175,8 +188,21 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def should_save(self, step: int) -> bool:
-    """Whether `save(step, ...)` without force writes: a positive multiple of the interval."""
+    """Whether `save(step, ...)` without force writes: a positive multiple of the interval.
+
+    Also raises CheckpointSaveError as soon as a background save has failed, so a loop that asks
+    every step learns of it at once rather than at the next save.
+    """
+    self._raise_background_failure()
     return bool(self._save_every) and step > 0 and step % self._save_every == 0
+
+  def _raise_background_failure(self) -> None:
+    # Orbax keeps a failed background save's error in its finalize thread until the next wait;
+    # peeking at that thread (no public API) costs nothing and never blocks.
+    holder = getattr(self._manager, "_finalize_thread", None)
+    thread = holder.get() if holder is not None and hasattr(holder, "get") else None
+    if thread is not None and not thread.is_alive() and getattr(thread, "exception", None):
+      self.wait()
 
   def save(self, step: int, state: PyTree, *, force: bool = False) -> bool:
     """Saves `state` as step `step` if it is due (or `force`); returns whether it saved.
@@ -187,14 +213,40 @@ class Checkpointer:
     step = int(step)
     if not (force or self.should_save(step)):
       return False
+    if self._read_only:
+      raise CheckpointError(f"This Checkpointer of {self._directory} is read-only.")
+    claim = workdir_claim.held(self._workdir)
+    if claim is not None:
+      claim.check()  # A run whose workdir was taken over writes nothing more.
     with self._naming_save_failures(step):
       if step in self._manager.all_steps():
         logging.info("Checkpoint for step %d already exists; not overwriting it.", step)
         return False
-      if self.step_dir(step).exists():  # Appeared after start-up (e.g. a concurrent copy).
-        self._set_aside_incomplete()
+      # Orbax's save replaces an existing directory of the step (it saves with force): look on
+      # disk, where another writer (a second Checkpointer, a copy) may have put one since start-up.
+      if _has_marker(self.step_dir(step)):
+        logging.warning("Checkpoint %s already exists; not overwriting it.", self.step_dir(step))
+        return False
+      other = self._foreign_save(step)
+      if other is not None:
+        raise CheckpointSaveError(
+          f"Not saving step {step} under {self._directory}: {other} exists but is not this "
+          "run's (another writer is saving into this workdir, or left it half-written). Nothing "
+          "was touched. Run one job per workdir, then re-run the same command; the start-up "
+          "moves incomplete saves aside."
+        )
       # Due-ness is decided above; force=True keeps orbax from re-deciding with its own policy.
       return self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+
+  def _foreign_save(self, step: int) -> epath.Path | None:
+    """A directory of `step` (final name or orbax's temporary one) that this run did not write."""
+    if not self._directory.exists():
+      return None
+    name = self._name_format.build_name(step)
+    for entry in self._directory.iterdir():
+      if entry.name == name or entry.name.startswith(name + _TMP_TAG):
+        return entry
+    return None
 
   def restore(self, abstract_state: PyTree, step: int) -> PyTree:
     """Restores step `step` with the dtypes and shardings of `abstract_state`.
@@ -248,13 +300,17 @@ class Checkpointer:
       yield
     except CheckpointError:
       raise
-    except Exception as error:
+    except Exception as error:  # Orbax and tensorstore raise many types; each is one line.
       cause = _os_error(error)
       if cause is None:
-        raise
-      code, reason = cause
-      complete = [s for s in sorted(self._manager.all_steps()) if self._is_complete(s)]
-      kept = f"step {complete[-1]}" if complete else "none yet"
+        code, reason = None, _first_line(error)
+      else:
+        code, reason = cause
+      try:
+        complete = [s for s in sorted(self._manager.all_steps()) if self._is_complete(s)]
+        kept = f"step {complete[-1]}" if complete else "none yet"
+      except Exception:  # The directory itself may be unreadable now.
+        kept = "unknown: the directory cannot be listed"
       what = f"step {step}" if step is not None else "a checkpoint"
       raise CheckpointSaveError(
         f"Saving {what} under {self._directory} failed: {reason}. "
@@ -270,9 +326,17 @@ class Checkpointer:
 
     Orbax replaces its own `<step>.orbax-checkpoint-tmp` leftovers; a `<step>` without the
     commit marker (the name orbax would write to) it cannot, and a resumed run reaches that step
-    again. Process 0 moves; every process waits for it.
+    again. Process 0 moves; every process waits for it. Nothing moves while another live run
+    holds the workdir: its saves in progress look just like unfinished ones.
     """
-    if jax.process_index() == 0 and self._directory.exists():
+    busy = False
+    if jax.process_index() == 0 and workdir_claim.held(self._workdir) is None:
+      try:
+        workdir_claim.check_free(self._workdir)
+      except workdir_claim.WorkdirBusyError as error:
+        busy = True
+        logging.warning("Not moving incomplete saves aside: %s", error)
+    if jax.process_index() == 0 and self._directory.exists() and not busy:
       stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
       for entry in sorted(self._directory.iterdir()):
         name = entry.name
@@ -404,7 +468,8 @@ def _os_error(error: BaseException) -> tuple[int, str] | None:
   while error is not None and id(error) not in seen:
     seen.add(id(error))
     if isinstance(error, OSError) and error.errno is not None:
-      return error.errno, f"{os.strerror(error.errno)} ({error.filename or error})"
+      where = error.filename or str(error).strip().split("\n", 1)[0][:300]
+      return error.errno, f"{os.strerror(error.errno)} ({where})"
     found = re.search(r"os_error_code='(\d+)'", str(error))
     if found:
       code = int(found.group(1))

@@ -520,13 +520,60 @@ def numpy_batches(
     yield from ds.as_numpy_iterator()
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError) as e:
     message = _find_unreadable(config, split, e)
-    if message is None:  # Every file decodes: the failure is not about a file (e.g. a check).
+    if message is None and "config.data.stored_size" in str(e):
+      raise errors.ConfigError(_wrong_size_message(config, split, e)) from None
+    if message is None:  # Every file decodes: the failure is not about a file.
       raise
     raise UnreadableImageError(message) from None
 
 
+def tfds_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, int]]:
+  """(version, examples per split) of a tfds dataset, for the workdir's data record."""
+  source = _TfdsSource(config)
+  splits = dict.fromkeys((config.data.train_split, config.data.eval_split))
+  return str(source.builder.info.version), {split: source.count(split) for split in splits}
+
+
 # ---------------------------------------------------------------------------------------------
 # Unreadable inputs: found only after TensorFlow failed to decode one, whose error names no file.
+
+
+def _decoded_shapes(paths: np.ndarray) -> dict[str, tuple[int, ...]]:
+  """The decoded shape of every file that decodes, decoding in parallel."""
+
+  def decoded_shape(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    return path, tf.shape(preprocess.decode(tf.io.read_file(path)))  # Output keeps the decode.
+
+  ds = tf.data.Dataset.from_tensor_slices(paths).map(decoded_shape, num_parallel_calls=_AUTOTUNE)
+  return {p.decode(): tuple(shape) for p, shape in ds.ignore_errors().as_numpy_iterator()}
+
+
+def _wrong_size_message(config: ml_collections.ConfigDict, split: str, error: Exception) -> str:
+  """Names the image(s) of `split` that are not config.data.stored_size square."""
+  stored = int(config.data.stored_size)
+  if config.data.name != "folder":
+    cause = str(error).strip().split("\n", 1)[0][:300]
+    return (
+      f"config.data.stored_size={stored} but an image of split {split!r} is not: {cause}; "
+      + sources.STORED_SIZE_FIX
+    )
+  shapes = _decoded_shapes(_FolderSource(config)._listing(split)[0])
+  wrong = [f"{p} ({s[0]}x{s[1]})" for p, s in shapes.items() if s[:2] != (stored, stored)]
+  return sources.wrong_size_message(stored, wrong)
+
+
+def unreadable_files(paths: np.ndarray) -> str | None:
+  """The message naming those of `paths` TensorFlow cannot decode (None: all decode)."""
+  good_paths = _decoded_shapes(paths)
+  bad = [p for p in paths.tolist() if p not in good_paths]
+  if not bad:
+    return None
+  try:
+    preprocess.decode(tf.io.read_file(bad[0]))
+    why = "TensorFlow cannot decode it"
+  except tf.errors.OpError as own_error:  # The file's own error: "Invalid PNG data, size 1586".
+    why = own_error.message.split(" [Op:", 1)[0].strip()
+  return sources.unreadable_message(bad, f"it is not a complete JPEG/PNG image: {why}")
 
 
 def _find_unreadable(config: ml_collections.ConfigDict, split: str, error: Exception) -> str | None:
@@ -541,19 +588,4 @@ def _find_unreadable(config: ml_collections.ConfigDict, split: str, error: Excep
       f"be decoded in split {split!r} ({type(error).__name__}: {cause}). Its prepared files are "
       "damaged: delete the dataset's directory and prepare it again."
     )
-  paths = _FolderSource(config)._listing(split)[0]
-
-  def decoded_shape(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    return path, tf.shape(preprocess.decode(tf.io.read_file(path)))  # Output keeps the decode.
-
-  ds = tf.data.Dataset.from_tensor_slices(paths).map(decoded_shape, num_parallel_calls=_AUTOTUNE)
-  good_paths = {p.decode() for p, _ in ds.ignore_errors().as_numpy_iterator()}
-  bad = [p for p in paths.tolist() if p not in good_paths]
-  if not bad:
-    return None
-  try:
-    preprocess.decode(tf.io.read_file(bad[0]))
-    why = "TensorFlow cannot decode it"
-  except tf.errors.OpError as own_error:  # The file's own error: "Invalid PNG data, size 1586".
-    why = own_error.message.split(" [Op:", 1)[0].strip()
-  return sources.unreadable_message(bad, f"it is not a complete JPEG/PNG image: {why}")
+  return unreadable_files(_FolderSource(config)._listing(split)[0])

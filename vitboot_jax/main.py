@@ -2,7 +2,8 @@ r"""Trains a config: `python -m vitboot_jax.main --config=CONFIG[:ARGS] --workdi
 
 Overrides: `--config.batch_size=128 --config.data.dir=/data/cifar10`; every field of a config:
 `--config=CONFIG --print_config`. Re-running the same command resumes from the newest complete
-checkpoint in DIR; a finished run exits at once; another config in DIR is refused.
+checkpoint in DIR; a finished run exits at once; another config in DIR is refused, and so are a
+second run while one holds DIR (DIR/claim.json) and a resume on changed data (DIR/data.json).
 
 Data: a tfds dataset is downloaded and prepared on first use into config.data.dir or tfds' default
 directory ($TFDS_DATA_DIR, else ~/tensorflow_datasets); an image folder is
@@ -141,7 +142,7 @@ def main(argv):
   except preemption.Preempted as stopped:
     logging.warning("%s", stopped)
     sys.exit(stopped.exit_code)
-  except (train.NonFiniteError, checkpoint.CheckpointSaveError) as error:
+  except (train.NonFiniteError, checkpoint.CheckpointError) as error:
     logging.error("%s", error)  # The message names the step, the files and the fix.
     sys.exit(1)
 

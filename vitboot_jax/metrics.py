@@ -57,12 +57,54 @@ def _atomic_write_text(path: epath.PathLike, text: str) -> None:
 
 
 def _append_text(path: epath.Path, text: str) -> None:
-  if _is_local(path):
-    with open(path, "a", encoding="utf-8") as f:
-      f.write(text)
-  else:  # Object stores cannot append: rewrite the (small) file.
-    old = path.read_text() if path.exists() else ""
-    _atomic_write_text(path, old + text)
+  """Appends to a local file (object stores cannot append: see _RemoteLines)."""
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(text)
+
+
+# On an object store every flush rewrites the whole object, so lines are buffered and flushed in
+# chunks: after an evaluation, before a line past a checkpoint step, at flush(), and at least
+# this often, which bounds what a kill can lose.
+REMOTE_FLUSH_SECONDS = 30.0
+
+
+class _RemoteLines:
+  """metrics.jsonl on an object store: appended lines kept in memory and written in chunks.
+
+  The file is read once (at the first flush); each flush writes the known text plus the new
+  lines, so a run's writes cost O(flushes x size), never a read and a rewrite per line.
+  """
+
+  def __init__(self, path: epath.Path, flush_every_steps: int | None):
+    self._path = path
+    self._every = flush_every_steps
+    self._text: str | None = None
+    self._pending: list[tuple[int, str]] = []
+    self._since = time.monotonic()
+
+  def reset(self, text: str) -> None:
+    """The file's content as just written (by truncate_after)."""
+    self._text, self._pending = text, []
+
+  def append(self, step: int, line: str, *, boundary: bool) -> None:
+    every = self._every
+    if every and self._pending and (step - 1) // every > (self._pending[0][0] - 1) // every:
+      self.flush()  # Lines up to a checkpoint step are on disk before the run moves past it.
+    if not self._pending:
+      self._since = time.monotonic()
+    self._pending.append((step, line))
+    due = boundary or (every and step % every == 0)
+    if due or time.monotonic() - self._since >= REMOTE_FLUSH_SECONDS:
+      self.flush()
+
+  def flush(self) -> None:
+    if not self._pending:
+      return
+    if self._text is None:
+      self._text = self._path.read_text() if self._path.exists() else ""
+    self._text += "".join(line for _, line in self._pending)
+    _atomic_write_text(self._path, self._text)
+    self._pending = []
 
 
 def _json_default(obj: Any) -> Any:
@@ -166,16 +208,26 @@ class _NoEvents:
 class MetricWriter:
   """Writes scalars per step to metrics.jsonl and to TensorBoard event files in `workdir`."""
 
-  def __init__(self, workdir: epath.PathLike, *, asynchronous: bool = True):
+  def __init__(
+    self,
+    workdir: epath.PathLike,
+    *,
+    asynchronous: bool = True,
+    flush_every_steps: int | None = None,
+  ):
     """Opens the writers; only process 0 writes files.
 
     Args:
       workdir: The run's directory; created if missing.
       asynchronous: Unused (kept for callers): the event writer always has its own thread.
+      flush_every_steps: The checkpoint interval: on an object store, metrics.jsonl is flushed
+        at these steps (and after evaluations, at flush(), every REMOTE_FLUSH_SECONDS), so lines
+        up to a saved step survive a kill. Local files get every line at once.
     """
     self._workdir = epath.Path(workdir)
     self._path = self._workdir / METRICS_FILE
     self._is_writer = jax.process_index() == 0
+    self._remote = None if _is_local(self._path) else _RemoteLines(self._path, flush_every_steps)
     if self._is_writer:
       self._workdir.mkdir(parents=True, exist_ok=True)
     # No LoggingWriter: the console gets progress.py's compact line, not every scalar.
@@ -198,7 +250,12 @@ class MetricWriter:
     step = int(step)
     if self._is_writer:
       # NaN/Infinity are written as JSON's common extension; Python's json reads them back.
-      _append_text(self._path, json.dumps({"step": step, **values}) + "\n")
+      line = json.dumps({"step": step, **values}) + "\n"
+      if self._remote is None:
+        _append_text(self._path, line)
+      else:
+        evaluated = any(name.startswith("eval/") for name in values)
+        self._remote.append(step, line, boundary=evaluated)
     self._writer.write_scalars(step, values)
 
   def truncate_after(self, step: int) -> int:
@@ -209,21 +266,30 @@ class MetricWriter:
     """
     if not self._is_writer or not self._path.exists():
       return 0
+    if self._remote is not None:
+      self._remote.flush()
     text = self._path.read_text()
     records = _parse_lines(text, self._path)
     kept = [r for r in records if r["step"] <= step]
     torn = bool(text) and not text.endswith("\n")
     if len(kept) != len(records) or torn:
-      _atomic_write_text(self._path, "".join(json.dumps(r) + "\n" for r in kept))
+      text = "".join(json.dumps(r) + "\n" for r in kept)
+      _atomic_write_text(self._path, text)
       logging.info(
         "Dropped %d records after step %d from %s.", len(records) - len(kept), step, self._path
       )
+    if self._remote is not None:
+      self._remote.reset(text)
     return len(records) - len(kept)
 
   def flush(self) -> None:
+    if self._remote is not None:
+      self._remote.flush()
     self._writer.flush()
 
   def close(self) -> None:
+    if self._remote is not None:
+      self._remote.flush()
     self._writer.close()
 
   def __enter__(self) -> MetricWriter:

@@ -5,18 +5,25 @@ the paper's subsets, device_data.py for everything it places on the devices. An 
 ROOT/<split>/<class>/*.{jpg,jpeg,png}, decoded here with PIL; an `.npz` dataset is
 DIR/<split>.npz with `images` uint8 [N, H, W, 3], `labels` int [N] and optionally `class_names`
 [C] and `file_names` [N] (which order the paper's subsets as tfds' record names do).
+
+Also here, for both pipelines: the folder listing's checks (a class in one split, unsupported or
+empty files), `check_split` (a bad test image before training) and `data_fingerprint` (what the
+workdir records in data.json, so a resume on other data is refused).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import os
+from typing import Any
 
 import ml_collections
 import numpy as np
+from absl import logging
 
-from vitboot_jax import errors
+from vitboot_jax import configlib, errors
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 FOLDER_HINT = "point --config.data.dir at a folder with {split}/<class>/*.jpg (or .jpeg/.png)"
@@ -28,7 +35,7 @@ NPZ_LAYOUT = (
 ARRAY_SOURCES = ("folder", "npz")
 
 
-class UnreadableImageError(ValueError):
+class UnreadableImageError(errors.UsageError, ValueError):
   """An image file or record that cannot be decoded; the message names it and the fix."""
 
 
@@ -105,6 +112,8 @@ def steps_per_epoch(config: ml_collections.ConfigDict, num_train: int) -> int:
 # Image folders.
 
 LISTING_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+# sha256 of each listed split's relative paths and sizes, for the workdir's data record.
+FILES_DIGEST: dict[tuple, str] = {}
 
 
 def class_folders(root: str, split: str, field: str) -> list[str]:
@@ -140,31 +149,54 @@ def list_folder(
     return LISTING_CACHE[key]
   class_index = {name: i for i, name in enumerate(class_names)}
   unknown = [c for c in folders if c not in class_index]
-  if unknown:
-    raise ValueError(
-      f"config.data.dir={root!r}: classes {unknown[:5]} in {split!r} are not in the "
-      f"{len(class_names)} training classes; the splits must use the same class folders"
+  missing = [c for c in class_names if c not in folders]
+  if unknown or missing:
+    what = (
+      f"classes {unknown[:5]} are only in {split!r}"
+      if unknown
+      else f"classes {missing[:5]} of the training split have no folder in {split!r}"
     )
-  paths, labels = [], []
+    raise errors.DataError(
+      f"config.data.dir={root!r}: {what} (config.data.{field}={split!r}); every split must have "
+      "the same class folders: add or remove folders so they match"
+    )
+  paths, labels, sizes, unsupported = [], [], [], []
   for name in folders:
     class_dir = os.path.join(split_dir, name)
-    files = sorted(
-      e.name
-      for e in os.scandir(class_dir)
-      if e.is_file() and e.name[0] != "." and e.name.lower().endswith(IMAGE_EXTENSIONS)
+    entries = sorted(
+      (e for e in os.scandir(class_dir) if e.is_file() and e.name[0] != "."), key=lambda e: e.name
     )
-    paths.extend(os.path.join(class_dir, f) for f in files)
-    labels.extend([class_index[name]] * len(files))
+    for e in entries:
+      if not e.name.lower().endswith(IMAGE_EXTENSIONS):
+        unsupported.append(e.path)
+        continue
+      paths.append(e.path)
+      labels.append(class_index[name])
+      sizes.append(e.stat().st_size)  # One stat each: empty files and the data fingerprint.
+  if unsupported:
+    logging.warning(
+      "Skipping %d file(s) in %s that are not %s images: %s%s. Convert them to JPEG/PNG to use "
+      "them.",
+      len(unsupported),
+      split_dir,
+      "/".join(IMAGE_EXTENSIONS),
+      ", ".join(unsupported[:5]),
+      ", ..." if len(unsupported) > 5 else "",
+    )
   if not paths:
     raise errors.DataError(
       f"config.data.dir={root!r}: no images under {split_dir}/<class>/; "
       + FOLDER_HINT.format(split=split)
     )
-  empty = [p for p in paths if os.path.getsize(p) == 0]  # Interrupted copies; one stat each.
+  empty = [p for p, size in zip(paths, sizes) if size == 0]  # Interrupted copies.
   if empty:
     raise UnreadableImageError(unreadable_message(empty, "it is empty (0 bytes)"))
   out = np.array(paths), np.array(labels, np.int64)
+  digest = hashlib.sha256()
+  for path, size in zip(paths, sizes):
+    digest.update(f"{os.path.relpath(path, split_dir)}\t{size}\n".encode())
   LISTING_CACHE[key] = out
+  FILES_DIGEST[key[:3]] = digest.hexdigest()
   return out
 
 
@@ -214,6 +246,134 @@ def read_images(paths: np.ndarray, threads: int | None = None) -> np.ndarray:
       f"({len(odd)} differ); resize them to one size or use --config.data.pipeline=tfdata"
     )
   return np.stack(images)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks before training.
+
+STORED_SIZE_FIX = "set --config.data.stored_size=0 (resize on the host) or resize the images"
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_END = b"IEND\xaeB`\x82"
+
+
+def wrong_size_message(stored: int, wrong: list[str]) -> str:
+  """One line naming the first of the `wrong` ("PATH (WxH)") images that are not `stored` square."""
+  more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+  first = wrong[0] if wrong else "one of them"
+  return (
+    f"config.data.stored_size={stored} but image file {first}{more} is not {stored}x{stored}; "
+    + STORED_SIZE_FIX
+  )
+
+
+def _unreadable_by_pil(paths: list[str]) -> str | None:
+  """The message naming those of `paths` PIL cannot decode (None: all decode)."""
+  bad, why = [], ""
+  for path in paths:
+    try:
+      read_image(path)
+    except Exception as error:  # PIL raises several types; each is the file's fault here.
+      bad.append(path)
+      why = why or " ".join(str(error).split())[:200]
+  return unreadable_message(bad, f"it is not a complete JPEG/PNG image: {why}") if bad else None
+
+
+def check_split(config: ml_collections.ConfigDict, split: str, max_files: int = 20000) -> None:
+  """Checks an image folder's `split` before training if it has at most `max_files` (CIFAR's
+  test split), so a bad file stops the run at once rather than at its first evaluation.
+
+  Reads only each file's first and last bytes (CIFAR's 10k test files: well under a second;
+  decoding them all took 21 s on 2 cores): a file that does not start and end like a complete
+  JPEG/PNG (an interrupted copy) is then decoded by the decoder the run reads it with (TensorFlow
+  for config.data.pipeline="tfdata", PIL for "device"), so a valid file is never refused. A PNG's
+  size is checked against config.data.stored_size from its header; a JPEG's, and any damage
+  inside a file, are found when the file is read. Larger splits, .npz files and tfds datasets
+  are checked as they are read.
+
+  Raises:
+    UnreadableImageError: A file does not decode (named).
+    errors.ConfigError: A PNG's size differs from config.data.stored_size (named).
+  """
+  if config.data.name != "folder":
+    return
+  root, train_split = config.data.dir, config.data.train_split
+  classes = tuple(class_folders(root, train_split, "train_split"))
+  paths = list_folder(root, split, split_field(split, train_split), classes)[0]
+  if len(paths) > max_files:
+    return
+  stored = configlib.device_resize_from(config)
+  suspects, wrong = [], []
+  for path in paths.tolist():
+    with open(path, "rb") as f:
+      head = f.read(24)
+      f.seek(max(0, os.fstat(f.fileno()).st_size - 32))
+      tail = f.read()
+    if head.startswith(_PNG_SIGNATURE):
+      complete = tail.endswith(_PNG_END)
+      size = (int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big"))
+      if stored and complete and size != (stored, stored):
+        wrong.append(f"{path} ({size[0]}x{size[1]})")
+    else:
+      complete = head.startswith(b"\xff\xd8") and b"\xff\xd9" in tail
+    if not complete:
+      suspects.append(path)
+  if suspects and uses_tensorflow(config):
+    from vitboot_jax import input_pipeline  # The tf.data pipeline: TensorFlow is there.
+
+    message = input_pipeline.unreadable_files(np.array(suspects))
+  else:
+    message = _unreadable_by_pil(suspects)
+  if message is not None:
+    raise UnreadableImageError(message)
+  if wrong:
+    raise errors.ConfigError(wrong_size_message(stored, wrong))
+
+
+# ---------------------------------------------------------------------------------------------
+# The workdir's record of the data.
+
+
+def data_fingerprint(config: ml_collections.ConfigDict, info: DatasetInfo) -> dict[str, Any]:
+  """What a run trains on, recorded in its workdir so a resume on other data is refused.
+
+  Per split, its example count and: for an image folder, a sha256 of the file list (paths
+  relative to the split, and sizes); for an .npz, a sha256 of its images' and labels' bytes
+  (a fraction of a second at CIFAR scale, docs/performance.md; the file's own bytes change with
+  every write's zip timestamps); for a tfds dataset, the dataset's version (read through tfds,
+  hence TensorFlow, which a tfds run has). All: class names, training examples and steps per
+  epoch.
+  """
+  name, train_split = config.data.name, config.data.train_split
+  split_names = list(dict.fromkeys((train_split, config.data.eval_split)))
+  record: dict[str, Any] = {"name": name}
+  if name == "folder":
+    classes = tuple(class_folders(config.data.dir, train_split, "train_split"))
+    splits = {}
+    for split in split_names:
+      paths, _ = list_folder(config.data.dir, split, split_field(split, train_split), classes)
+      digest = FILES_DIGEST[(config.data.dir, split, classes)]
+      splits[split] = {"examples": len(paths), "files_sha256": digest}
+  elif name == "npz":
+    splits = {}
+    for split in split_names:
+      arrays = read_npz(config.data.dir, split, train_split)
+      digest = hashlib.sha256()
+      for key in ("images", "labels"):
+        digest.update(f"{key}{arrays[key].dtype}{arrays[key].shape}".encode())
+        digest.update(np.ascontiguousarray(arrays[key]).data)
+      splits[split] = {"examples": len(arrays["labels"]), "arrays_sha256": digest.hexdigest()}
+  else:
+    from vitboot_jax import input_pipeline  # tfds reads through TensorFlow.
+
+    record["version"], counts = input_pipeline.tfds_record(config)
+    splits = {split: {"examples": count} for split, count in counts.items()}
+  record.update(
+    splits=splits,
+    class_names=list(info.class_names),
+    num_train_examples=info.num_train_examples,
+    steps_per_epoch=info.steps_per_epoch,
+  )
+  return record
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from vitboot_jax import (
   preemption,
   progress,
   sharding,
+  sources,
+  workdir_claim,
   workdirs,
 )
 from vitboot_jax import trainer as trainer_lib
@@ -120,10 +122,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("%s already holds a finished run of this config; nothing to do.", workdir)
     return final
   datasets.ensure(config, may_download=jax.process_count() == 1)
+  claim = workdir_claim.acquire_for_run(workdir)  # One run per workdir: a second one stops here.
 
   mesh = sharding.make_mesh()
   feed = feeds.open_feed(config, mesh)  # What each jitted call takes: host batches or device data.
   info = feed.info
+  data_record = sources.data_fingerprint(config, info)
+  workdirs.check_data(workdir, data_record)  # No resume on other data.
+  sources.check_split(config, config.data.eval_split)  # Bad test images fail now.
   steps_per_epoch = info.steps_per_epoch
   total_steps = _total_steps(config, steps_per_epoch)
   trainer = trainer_lib.build(config, mesh, steps_per_epoch)
@@ -140,10 +146,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state, start_step = restored
     logging.info("Resuming from the checkpoint of step %d in %s", start_step, ckpt.directory)
 
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics.MetricWriter(workdir, flush_every_steps=config.checkpoint_every_steps)
   writer.truncate_after(start_step if restored is not None else -1)
   if jax.process_index() == 0:
     metrics.write_json(workdir / workdirs.CONFIG_FILE, json.loads(config.to_json_best_effort()))
+    metrics.write_json(workdir / workdirs.DATA_FILE, data_record)
 
   def run_eval(state: TrainState, stop: preemption.StopSignals | None = None) -> dict[str, float]:
     """Evaluates `state`; a signal to `stop` raises preemption.EvaluationInterrupted."""
@@ -242,5 +249,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     metrics.write_json(workdir / workdirs.FINAL_FILE, final)
   writer.close()
   ckpt.close()
+  claim.release()
   logging.info("Finished: %s", json.dumps(final))
   return final

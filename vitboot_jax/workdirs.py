@@ -4,6 +4,10 @@ A workdir belongs to the config of the run that saved a checkpoint (or finished)
 config is refused, whether that run is finished or not. A workdir without a checkpoint (a run that
 failed before its first save) holds nothing worth keeping, so it accepts any config. Nothing is
 created before these checks and the data check pass, so a mistake leaves no directory behind.
+
+One run at a time: a workdir held by a live run (workdir_claim.py) is refused. A run records what
+it trains on in data.json beside config.json; resuming a checkpoint on other data (files added or
+deleted, another dataset version) is refused, since its epochs and schedule would silently change.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from typing import Any
 import ml_collections
 from etils import epath
 
-from vitboot_jax import errors
+from vitboot_jax import errors, workdir_claim
 
 CONFIG_FILE = "config.json"
+DATA_FILE = "data.json"
 FINAL_FILE = "final.json"
 # The checkpoint layout, here so it loads before JAX and orbax; checkpoint.py imports it.
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -78,9 +83,11 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> dict[st
     None (a fresh or resumable run).
 
   Raises:
-    errors.WorkdirError: `workdir` holds a run of another config, or cannot be written.
+    errors.WorkdirError: `workdir` holds a run of another config, is in use by a live run, or
+      cannot be written.
   """
   workdir = epath.Path(workdir)
+  workdir_claim.check_free(workdir)
   final_path = workdir / FINAL_FILE
   finished = final_path.exists()
   if finished or has_checkpoint(workdir):
@@ -100,6 +107,45 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> dict[st
     return json.loads(final_path.read_text())
   _check_writable(workdir)
   return None
+
+
+def _describe_data_change(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+  changes = []
+  for key in ("name", "version", "num_train_examples", "steps_per_epoch"):
+    if saved.get(key) != current.get(key):
+      changes.append(f"{key.replace('_', ' ')} {saved.get(key)} -> {current.get(key)}")
+  if saved.get("class_names") != current.get("class_names"):
+    changes.append("class names differ")
+  saved_splits, splits = saved.get("splits", {}), current.get("splits", {})
+  for split in sorted(set(saved_splits) | set(splits)):
+    old, new = saved_splits.get(split, {}), splits.get(split, {})
+    if old.get("examples") != new.get("examples"):
+      changes.append(f"{split!r} examples {old.get('examples')} -> {new.get('examples')}")
+    elif old.get("files_sha256") != new.get("files_sha256"):
+      changes.append(f"{split!r} files differ (same count: renamed, replaced or resized)")
+    elif old.get("arrays_sha256") != new.get("arrays_sha256"):
+      changes.append(f"{split!r} images or labels differ (same count)")
+  return changes
+
+
+def check_data(workdir: epath.PathLike, fingerprint: dict[str, Any]) -> None:
+  """Refuses to resume `workdir`'s checkpoint on data other than what its run recorded.
+
+  Raises:
+    errors.WorkdirError: The recorded data.json differs from `fingerprint` and a checkpoint
+      exists (without one, the run starts afresh and records the new data).
+  """
+  workdir = epath.Path(workdir)
+  path = workdir / DATA_FILE
+  if not path.exists() or not has_checkpoint(workdir):
+    return
+  changes = _describe_data_change(json.loads(path.read_text()), fingerprint)
+  if changes:
+    raise errors.WorkdirError(
+      f"--workdir={workdir} holds a run trained on other data than config.data now gives "
+      f"({'; '.join(changes)}; recorded in {path}); restore that data to resume, or start afresh "
+      "in a new --workdir"
+    )
 
 
 def _check_writable(workdir: epath.Path) -> None:

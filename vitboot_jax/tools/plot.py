@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
+from etils import epath
 
 from vitboot_jax import metrics
 
@@ -47,15 +49,18 @@ class Run:
   """The logged curves of one workdir, split into training and evaluation records."""
 
   label: str
-  workdir: pathlib.Path
+  workdir: epath.Path
   train: list[dict[str, Any]]
   eval: list[dict[str, Any]]
 
 
-def load_run(workdir: str | pathlib.Path, label: str | None = None) -> Run:
-  """Reads `<workdir>/metrics.jsonl`; eval and train scalars are logged as separate lines."""
-  workdir = pathlib.Path(workdir)
+def load_run(workdir: str | os.PathLike, label: str | None = None) -> Run:
+  """Reads `<workdir>/metrics.jsonl` (a local path or a URL such as gs://...); eval and train
+  scalars are logged as separate lines."""
+  workdir = epath.Path(workdir)  # pathlib would turn gs://b/run into gs:/b/run and read nothing.
   records = metrics.read_metrics(workdir)
+  if not records:
+    logging.warning("%s has no metrics.jsonl records yet.", workdir)
   train = [r for r in records if any(k.startswith("train/") for k in r)]
   evals = [r for r in records if any(k.startswith("eval/") for k in r)]
   return Run(label or workdir.name, workdir, train, evals)
@@ -157,12 +162,12 @@ def _plot_train(
 
 
 def plot_runs(
-  workdirs: Sequence[str | pathlib.Path],
-  out: str | pathlib.Path,
+  workdirs: Sequence[str | os.PathLike],
+  out: str | os.PathLike,
   labels: Sequence[str] | None = None,
   smooth: int = DEFAULT_SMOOTH,
   title: str | None = None,
-) -> pathlib.Path:
+) -> epath.Path | pathlib.Path:
   """Draws the curves of `workdirs` into the PNG `out`; returns its path.
 
   Args:
@@ -249,10 +254,11 @@ def plot_runs(
   if title:
     fig.suptitle(title)
   fig.tight_layout(rect=(0, 0.015, 1, 0.98 if title else 1))
-  out = pathlib.Path(out)
+  out = epath.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out, format="png")
-  return out
+  with out.open("wb") as f:
+    fig.savefig(f, format="png")
+  return out if "://" in os.fspath(out) else pathlib.Path(out)  # Local: a plain pathlib.Path.
 
 
 _FLAGS = {}

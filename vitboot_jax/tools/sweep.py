@@ -68,6 +68,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from absl import app, flags
+from etils import epath
 
 from vitboot_jax import paper_results
 
@@ -344,7 +345,9 @@ class Settings:
 
 
 def repo_path(path: str | os.PathLike) -> str:
-  """`path` (relative to the cwd) as it works from the repository root."""
+  """`path` (relative to the cwd) as it works from the repository root; a URL (gs://) as is."""
+  if "://" in os.fspath(path):
+    return os.fspath(path)
   absolute = pathlib.Path(os.path.abspath(path))
   try:
     return str(absolute.relative_to(REPO))
@@ -374,13 +377,14 @@ def settings(
   )
 
 
-def workdir(s: Settings, row: Row, seed: int) -> pathlib.Path:
-  """Where (row, seed) trains, relative to the repository root unless ROOT is outside it."""
-  return pathlib.Path(s.root) / f"{row.run_name}_seed{seed}"
+def workdir(s: Settings, row: Row, seed: int) -> epath.Path:
+  """Where (row, seed) trains, relative to the repository root unless ROOT is outside it (a
+  bucket's gs://... included: epath reads it, pathlib would turn it into gs:/...)."""
+  return epath.Path(s.root) / f"{row.run_name}_seed{seed}"
 
 
-def _abs(path: pathlib.Path) -> pathlib.Path:
-  return path if path.is_absolute() else REPO / path
+def _abs(path: epath.Path) -> epath.Path:
+  return path if "://" in os.fspath(path) or path.is_absolute() else epath.Path(REPO) / path
 
 
 def row_config(s: Settings, row: Row) -> str:
@@ -404,7 +408,7 @@ def command(table: Table, s: Settings, row: Row, seed: int) -> list[str]:
   ]
 
 
-def _read_json(path: pathlib.Path) -> dict[str, Any] | None:
+def _read_json(path: epath.Path) -> dict[str, Any] | None:
   try:
     return json.loads(path.read_text())
   except (FileNotFoundError, json.JSONDecodeError):
@@ -571,7 +575,7 @@ def table_markdown(report: dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot_curves(table: Table, s: Settings, seed: int) -> pathlib.Path | None:
+def plot_curves(table: Table, s: Settings, seed: int) -> epath.Path | None:
   """ROOT/curves.png over the runs of `seed` that have logged; None if none."""
   found = [(row.name, _abs(workdir(s, row, seed))) for row in runs(table.rows)]
   found = [(name, wd) for name, wd in found if (wd / "metrics.jsonl").exists()]
@@ -582,7 +586,7 @@ def plot_curves(table: Table, s: Settings, seed: int) -> pathlib.Path | None:
   try:
     return plot.plot_runs(
       [wd for _, wd in found],
-      _abs(pathlib.Path(s.root)) / CURVES,
+      _abs(epath.Path(s.root)) / CURVES,
       labels=[name for name, _ in found],
       title=f"{table.title}, seed {seed}",
     )
@@ -593,7 +597,7 @@ def plot_curves(table: Table, s: Settings, seed: int) -> pathlib.Path | None:
     return None
 
 
-def write_report(root: pathlib.Path, report: dict[str, Any]) -> None:
+def write_report(root: epath.Path, report: dict[str, Any]) -> None:
   root.mkdir(parents=True, exist_ok=True)
   (root / TABLE_JSON).write_text(json.dumps(report, indent=2) + "\n")
   (root / TABLE_MD).write_text(table_markdown(report))
@@ -776,7 +780,7 @@ def main(argv):
   else:
     print_commands(table, s, selected)
   report = build_report(table, s)
-  root = _abs(pathlib.Path(s.root))
+  root = _abs(epath.Path(s.root))
   if root.exists():
     curves = plot_curves(table, s, s.seeds[0])
     report["curves"] = str(curves) if curves else None

@@ -170,7 +170,7 @@ def load_variables(
       f"--workdir={workdir} has no {checkpoint.CHECKPOINT_SUBDIR}/; train there first, or "
       "leave --workdir out to look at the freshly initialised model"
     )
-  with checkpoint.Checkpointer(workdir, keep=None, async_save=False) as ckpt:
+  with checkpoint.Checkpointer(workdir, keep=None, async_save=False, read_only=True) as ckpt:
     restored = ckpt.restore_latest(trainer.abstract_state)
   if restored is None:
     raise FileNotFoundError(f"{ckpt_dir} holds no complete checkpoint to visualise")
