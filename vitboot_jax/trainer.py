@@ -63,6 +63,9 @@ class Trainer:
   abstract_state: TrainState  # ShapeDtypeStructs carrying those shardings (checkpoint restore).
   init: Callable[[jax.Array], TrainState]  # Jitted: rng -> fresh state, written sharded.
   train_step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]  # Jitted, donates state.
+  # n -> the jitted call of n steps (steps.make_multi_step over stacked batches [n, B, ...]),
+  # donating the state; metrics come back stacked [n]. Cached: one compile per distinct n.
+  multi_step: Callable[[int], Callable[..., tuple[TrainState, dict[str, jax.Array]]]]
   eval_step: Callable[..., dict[str, Any]]  # Jitted (params, batch_stats, batch) -> sums.
   prepare: Callable[[jax.Array], jax.Array]  # Finishes shipped images on the device.
 
@@ -110,11 +113,16 @@ def build(
   abstract_state = jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sharding
   )
-  train_step = jax.jit(
-    steps.make_train_step(config, models, tx, schedule, steps_per_epoch),
-    donate_argnums=0,
-    out_shardings=(state_sharding, replicated),
+  step_fn = steps.make_train_step(config, models, tx, schedule, steps_per_epoch)
+  jit_step = functools.partial(
+    jax.jit, donate_argnums=0, out_shardings=(state_sharding, replicated)
   )
+  train_step = jit_step(step_fn)
+
+  @functools.cache
+  def multi_step(num_steps: int):
+    return jit_step(steps.make_multi_step(step_fn, num_steps))
+
   prepare = device_preprocess.make_prepare(config)
   eval_step = jax.jit(
     evaluate.make_eval_step(models, prepare),
@@ -131,6 +139,7 @@ def build(
     abstract_state=abstract_state,
     init=jax.jit(init, out_shardings=state_sharding),
     train_step=train_step,
+    multi_step=multi_step,
     eval_step=eval_step,
     prepare=prepare,
   )
