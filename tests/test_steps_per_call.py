@@ -83,7 +83,7 @@ def test_k_steps_in_one_call_are_k_single_steps():
     single_metrics.append(jax.device_get(m))
   batches = sharding.global_batches(local, mesh)
   assert batches["image"].shape == (4, 16, 32, 32, 3)
-  assert batches["image"].sharding.spec == (None, sharding.DATA_AXIS)
+  assert batches["image"].sharding.spec == jax.sharding.PartitionSpec(None, sharding.DATA_AXIS)
   multi, multi_metrics = trainer.multi_step(4)(trainer.fresh_state(), batches)
   assert trainer.multi_step(4) is trainer.multi_step(4)  # Compiled once per length.
   assert int(multi.step) == int(single.step) == 4
