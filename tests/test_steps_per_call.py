@@ -14,7 +14,7 @@ from tests import runs, test_faults
 from tests.config_files import load_config
 from tests.runs import TINY, metrics, run
 from tests.test_faults import _after_step, _WatchedRun
-from vitboot_jax import checkpoint, configlib, sharding, steps, train
+from vitboot_jax import checkpoint, configlib, sharding, steps, train, workdirs
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.errors import ConfigError
 
@@ -193,3 +193,14 @@ def test_non_finite_step_inside_a_call_is_named(image_folder, tmp_path, monkeypa
   with pytest.raises(train.NonFiniteError, match="Non-finite ce_vit at step 6;"):
     train.train_and_evaluate(config, str(workdir))
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4"]
+
+
+def test_a_run_resumes_under_another_steps_per_call_and_from_older_config_files():
+  config = load_config("tiny_config")
+  saved = json.loads(config.to_json_best_effort())
+  config.steps_per_call = 8
+  assert workdirs.changed_fields(saved, config) == []
+  del saved["steps_per_call"]  # config.json of a run from before the field existed.
+  assert workdirs.changed_fields(saved, config) == []
+  config.optim.lr = 0.5
+  assert workdirs.changed_fields(saved, config) == ["optim"]
