@@ -50,6 +50,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every_epochs = 1  # With eval_every_steps=-1: after every N-th epoch (and at the end).
   c.checkpoint_every_steps = 1000
   c.keep_checkpoints = 3
+  # Optimiser steps per jitted call (a scan over that many batches): a short accelerator step
+  # is then not paced by the host. Evaluations and checkpoints still land on their own steps.
+  c.steps_per_call = 1
   c.compute_dtype = "float32"  # "bfloat16" on GPU/TPU.
   # Pre-trained ViT weights for a fresh run (init_from.py): a timm/DeiT .safetensors, .npz, .pth
   # or a workdir of ours; "" trains from scratch.
@@ -246,6 +249,11 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   if not isinstance(c.eval_every_epochs, int) or c.eval_every_epochs < 1:
     raise ConfigError(
       f"config.eval_every_epochs={c.eval_every_epochs!r} must be a positive integer"
+    )
+  steps_per_call = c.get("steps_per_call", 1)
+  if not isinstance(steps_per_call, int) or isinstance(steps_per_call, bool) or steps_per_call < 1:
+    raise ConfigError(
+      f"config.steps_per_call={steps_per_call!r} must be a positive integer (1: one step a call)"
     )
   if num_devices is not None and c.batch_size % num_devices:
     raise ConfigError(

@@ -1,17 +1,16 @@
 """What the training loop feeds its jitted step, whichever pipeline makes the batches.
 
-`open_feed(config, mesh)` gives the run's `info` (sizes), `train(start_step)`: an endless
-iterator of the second argument of each train_step call from `start_step` on, and
-`eval_batches()`: one evaluation's global batches. With config.data.pipeline="tfdata" the train
-feed is the next host batch, split over the mesh; with "device" it is the same on-device dataset
-every call (device_data.feeding makes the batch inside the step). Only the tf.data feed imports
-TensorFlow.
+`open_feed(config, mesh)` gives the run's `info` (sizes), `train(start_step)`: a function
+`next_input(n)` giving the second argument of the jitted call of the next n steps from
+`start_step` on, and `eval_batches()`: one evaluation's global batches. With
+config.data.pipeline="tfdata" the input is the next host batch split over the mesh (n == 1) or the
+next n stacked [n, B, ...]; with "device" it is the same on-device dataset every call
+(device_data.feeding makes each batch inside the step). Only the tf.data feed imports TensorFlow.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -33,9 +32,16 @@ class TfDataFeed:
     self.info: DatasetInfo = input_pipeline.dataset_info(config)
     self._eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches images.
 
-  def train(self, start_step: int) -> Iterator[dict[str, jax.Array]]:
+  def train(self, start_step: int) -> Callable[[int], dict[str, jax.Array]]:
     batches = self._pipeline.train_batches(self._config, start_step=start_step)
-    return (sharding.global_batch(b, self._mesh) for b in batches)
+
+    def next_input(n: int) -> dict[str, jax.Array]:
+      local = [next(batches) for _ in range(n)]
+      if n == 1:
+        return sharding.global_batch(local[0], self._mesh)
+      return sharding.global_batches(local, self._mesh)
+
+    return next_input
 
   def eval_batches(self) -> Iterator[dict[str, jax.Array]]:
     split = self._config.data.eval_split
@@ -54,9 +60,9 @@ class DeviceFeed:
     self._dataset = device_data.DeviceDataset(config, mesh)
     self.info: DatasetInfo = self._dataset.info
 
-  def train(self, start_step: int) -> Iterator[Any]:
+  def train(self, start_step: int) -> Callable[[int], Any]:
     del start_step  # The step picks its own batch from state.step.
-    return itertools.repeat(self._dataset.train)
+    return lambda n: self._dataset.train
 
   def eval_batches(self) -> Iterator[dict[str, jax.Array]]:
     return self._dataset.eval_batches()

@@ -1,9 +1,9 @@
 """Stop requests: SIGTERM (preemption notices, SLURM `--signal`) and SIGINT (Ctrl-C).
 
-The trainer asks `reached(step)` after every step; when it says yes, the trainer saves that
-step and exits, and re-running the same command resumes there. A signal during an evaluation
-(single process) cuts it short: the step is saved unevaluated and evaluated on resume, so a stop
-does not wait minutes for an evaluation to end.
+The trainer asks `reached(...)` after every jitted call (config.steps_per_call steps); when it
+says yes, the trainer saves the call's last step and exits, and re-running the same command
+resumes there. A signal during an evaluation (single process) cuts it short: the step is saved
+unevaluated and evaluated on resume, so a stop does not wait minutes for an evaluation to end.
 
 Single process: a Python handler records the signal. Multi-process: every process must save the
 same step, so the decision comes from JAX's preemption sync service, which catches SIGTERM itself
@@ -88,7 +88,8 @@ class StopSignals:
       yield batch
 
   def reached(self, step: int) -> bool:
-    """Whether to save and stop after `step`; in multi-process runs call it every step."""
+    """Whether to save and stop after `step`; in multi-process runs call it after every training
+    call, with `step` growing by one a call (the sync point counts calls)."""
     if not self._multi_process:
       return self.received is not None
     try:

@@ -37,3 +37,14 @@ def global_batch(local: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[
   return {
     k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()
   }
+
+
+def global_batches(
+  local: list[dict[str, np.ndarray]], mesh: jax.sharding.Mesh
+) -> dict[str, jax.Array]:
+  """Several local batches stacked [n, B, ...] -> global arrays split on the batch axis (axis 1)."""
+  sharding = NamedSharding(mesh, PartitionSpec(None, DATA_AXIS))
+  return {
+    k: jax.make_array_from_process_local_data(sharding, np.stack([b[k] for b in local]))
+    for k in local[0]
+  }

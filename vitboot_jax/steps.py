@@ -33,6 +33,7 @@ from vitboot_jax.state import TrainState
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
+StepFn = Callable[[TrainState, Any], tuple[TrainState, Metrics]]
 
 
 def _accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -192,3 +193,20 @@ def make_train_step(
     return new_state, metrics
 
   return train_step
+
+
+def make_multi_step(step_fn: StepFn, num_steps: int) -> Callable[..., tuple[TrainState, Metrics]]:
+  """Returns `multi_step(state, xs=None) -> (state, metrics)`: `num_steps` optimiser steps in one
+  lax.scan, so one jitted call (jit it with donation) is not paced by the host per step.
+
+  Step i runs `step_fn(state, x_i)`: x_i is xs[i] when xs is given (a pytree with a leading
+  [num_steps] axis, e.g. stacked host batches), else None (a step that derives its batch from the
+  carried state). Every metric comes back stacked, [num_steps] leading.
+  """
+  if num_steps < 1:
+    raise ValueError(f"num_steps={num_steps} must be at least 1")
+
+  def multi_step(state: TrainState, xs: Any = None) -> tuple[TrainState, Metrics]:
+    return jax.lax.scan(step_fn, state, xs, length=num_steps)
+
+  return multi_step

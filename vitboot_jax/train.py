@@ -58,31 +58,52 @@ class NonFiniteError(FloatingPointError):
 _NOT_CHECKED = ("train/lr", "train/feature_weight", "train/align_")
 
 
-class _FiniteCheck:
-  """Stops at the first non-finite loss or gradient norm, one step behind the device.
+def call_length(step: int, steps_per_call: int, total_steps: int, *intervals: int) -> int:
+  """How many steps the call after `step` runs: steps_per_call, cut at total_steps and at the
+  next multiple of each positive interval (evaluations, checkpoints), so those land on the same
+  steps as with one step a call."""
+  end = min(step + steps_per_call, total_steps)
+  for every in intervals:
+    if every > 0:
+      end = min(end, (step // every + 1) * every)
+  return end - step
 
-  Reading step k's scalars while step k+1 runs keeps the device busy; `now()` checks the newest
-  step before anything is saved, so a non-finite state is never written.
+
+def _step_values(call_metrics: dict[str, Any], index: int) -> dict[str, float]:
+  """Step `index` of a call's fetched metrics (scalars of one step or stacked [n] of n)."""
+  return {k: float(np.atleast_1d(v)[index]) for k, v in call_metrics.items()}
+
+
+class _FiniteCheck:
+  """Stops at the first non-finite loss or gradient norm, one call behind the device.
+
+  Reading call c's scalars while call c+1 runs keeps the device busy; `now()` checks the newest
+  call before anything is saved, so a non-finite state is never written.
   """
 
   def __init__(self, ckpt: checkpoint.Checkpointer):
     self._ckpt = ckpt
-    self._pending: tuple[int, dict[str, jax.Array]] | None = None
+    self._pending: tuple[int, int, dict[str, jax.Array]] | None = None
 
-  def add(self, step: int, step_metrics: dict[str, jax.Array]) -> None:
-    """Checks the previous step, then queues `step`'s metrics."""
+  def add(self, first_step: int, num_steps: int, call_metrics: dict[str, jax.Array]) -> None:
+    """Checks the previous call, then queues the metrics of steps first_step, ... (one call)."""
     self.now()
-    checked = {k: v for k, v in step_metrics.items() if not k.startswith(_NOT_CHECKED)}
-    self._pending = (step, checked)
+    checked = {k: v for k, v in call_metrics.items() if not k.startswith(_NOT_CHECKED)}
+    self._pending = (first_step, num_steps, checked)
 
   def now(self) -> None:
     if self._pending is None:
       return
-    step, pending = self._pending
+    first_step, num_steps, pending = self._pending
     self._pending = None
-    values = {k.removeprefix("train/"): float(v) for k, v in jax.device_get(pending).items()}
-    bad = sorted(k for k, v in values.items() if not np.isfinite(v))
-    if not bad:
+    fetched = {k.removeprefix("train/"): v for k, v in jax.device_get(pending).items()}
+    for index in range(num_steps):  # The first bad step of the call is the one to report.
+      values = _step_values(fetched, index)
+      bad = sorted(k for k, v in values.items() if not np.isfinite(v))
+      if bad:
+        step = first_step + index
+        break
+    else:
       return
     self._ckpt.wait()
     last = self._ckpt.latest_step()
@@ -182,6 +203,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return stopped(stop, step)
 
   eval_every = eval_interval(config, steps_per_epoch)
+  steps_per_call = config.get("steps_per_call", 1)
   num_eval_batches = -(-info.num_eval_examples // config.data.eval_batch_size)
   progress_log = progress.Progress(
     total_steps=total_steps,
@@ -203,7 +225,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   )
   train_start = time.perf_counter()
   eval_metrics: dict[str, float] = {}
-  feeding = feed.train(start_step)
+  next_input = feed.train(start_step)
   finite = _FiniteCheck(ckpt)
   with preemption.StopSignals() as stop:
     if _evaluation_missing(workdir, start_step, eval_every, total_steps):
@@ -211,21 +233,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         eval_metrics = evaluate_and_log(start_step, state, stop)
       except preemption.EvaluationInterrupted:
         raise evaluation_cut(stop, start_step) from None
-    for step in range(start_step + 1, total_steps + 1):
-      state, step_metrics = train_step(state, next(feeding))
-      finite.add(step, step_metrics)
+    step, calls = start_step, start_step
+    while step < total_steps:
+      # One jitted call runs steps first..step; it ends on every evaluation and checkpoint step.
+      n = call_length(step, steps_per_call, total_steps, eval_every, config.checkpoint_every_steps)
+      first, step, calls = step + 1, step + n, calls + 1
+      call = train_step if n == 1 else trainer.multi_step(n)
+      state, call_metrics = call(state, next_input(n))
+      finite.add(first, n, call_metrics)
       is_last = step == total_steps
-      if step % config.log_every_steps == 0 or is_last:
-        scalars = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-        scalars.update(progress_log.step(step, scalars))
-        writer.write(step, {"epoch": step / steps_per_epoch, **scalars})
+      log_every = config.log_every_steps
+      logged = [s for s in range(first, step + 1) if s % log_every == 0 or s == total_steps]
+      if logged:
+        fetched = jax.device_get(call_metrics)
+        # The throughput is measured once a call: its steps finish together.
+        rate = progress_log.step(logged[-1], _step_values(fetched, logged[-1] - first))
+        for s in logged:
+          scalars = _step_values(fetched, s - first)
+          writer.write(s, {"epoch": s / steps_per_epoch, **scalars, **rate})
       if step % eval_every == 0 or is_last:
         try:  # The final evaluation always finishes: final.json needs it.
           eval_metrics = evaluate_and_log(step, state, None if is_last else stop)
         except preemption.EvaluationInterrupted:
           ckpt.save(step, state, force=True)  # Checked finite before the evaluation.
           raise evaluation_cut(stop, step) from None
-      stopping = stop.reached(step) and not is_last
+      stopping = stop.reached(calls) and not is_last  # Within one call of the signal.
       if is_last or stopping or ckpt.should_save(step):
         finite.now()  # Never save a non-finite state.
         ckpt.save(step, state, force=True)

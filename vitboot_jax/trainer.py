@@ -64,6 +64,10 @@ class Trainer:
   init: Callable[[jax.Array], TrainState]  # Jitted: rng -> fresh state, written sharded.
   # Jitted, donates state: (state, batch), or (state, data) with config.data.pipeline="device".
   train_step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
+  # n -> the jitted call of n steps (steps.make_multi_step): over stacked batches [n, B, ...], or
+  # over the dataset on the devices; donates the state, metrics come back stacked [n]. Cached:
+  # one compile per distinct n.
+  multi_step: Callable[[int], Callable[..., tuple[TrainState, dict[str, jax.Array]]]]
   eval_step: Callable[..., dict[str, Any]]  # Jitted (params, batch_stats, batch) -> sums.
   prepare: Callable[[jax.Array], jax.Array]  # Finishes shipped images on the device.
 
@@ -111,14 +115,25 @@ def build(
   abstract_state = jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sharding
   )
-  step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch)
-  if config.data.get("pipeline", "tfdata") == "device":  # The batch is made inside the step.
-    step = device_data.feeding(step, config, mesh, steps_per_epoch)
-  train_step = jax.jit(
-    step,
-    donate_argnums=0,
-    out_shardings=(state_sharding, replicated),
+  step_fn = steps.make_train_step(config, models, tx, schedule, steps_per_epoch)
+  on_device = config.data.get("pipeline", "tfdata") == "device"
+  if on_device:  # The batch is made inside the step, from the dataset on the devices.
+    step_fn = device_data.feeding(step_fn, config, mesh, steps_per_epoch)
+  jit_step = functools.partial(
+    jax.jit, donate_argnums=0, out_shardings=(state_sharding, replicated)
   )
+  train_step = jit_step(step_fn)
+
+  @functools.cache
+  def multi_step(num_steps: int):
+    if not on_device:
+      return jit_step(steps.make_multi_step(step_fn, num_steps))
+
+    def call(state: TrainState, data: Any) -> tuple[TrainState, dict[str, jax.Array]]:
+      return steps.make_multi_step(lambda s, _: step_fn(s, data), num_steps)(state)
+
+    return jit_step(call)
+
   prepare = device_preprocess.make_prepare(config)
   eval_step = jax.jit(
     evaluate.make_eval_step(models, prepare),
@@ -135,6 +150,7 @@ def build(
     abstract_state=abstract_state,
     init=jax.jit(init, out_shardings=state_sharding),
     train_step=train_step,
+    multi_step=multi_step,
     eval_step=eval_step,
     prepare=prepare,
   )

@@ -37,6 +37,7 @@ VOLATILE_FIELDS = frozenset(
     "keep_checkpoints",
     "eval_every_steps",
     "eval_every_epochs",
+    "steps_per_call",  # Speed only; also absent from the config.json of older runs.
   }
 )
 

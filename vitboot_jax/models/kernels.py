@@ -38,6 +38,8 @@ class Kernels:
   max_pool(x, window, stride, pad), gelu(x) (exact), dropout(x, rate, key, rows, num_rows).
   softmax_attention(q, k, v): training attention without dropout on [B, heads, T, d], or None
     for `models/vit.attend` (autodiff of softmax).
+  inference_softmax_attention(q, k, v): the same for evaluation, or None for `attend` (whose
+    probabilities capture_intermediates can read; a fused op exposes none).
   inference_compiler_options: XLA options for compiling the steps that only run the models
     forward (evaluation), as (name, value) pairs.
   attention_chunk_bytes: > 0 runs training attention in rematerialised batch slices whose
@@ -62,6 +64,7 @@ class Kernels:
   gelu: Callable[[jax.Array], jax.Array]
   dropout: Callable[..., jax.Array]
   softmax_attention: Callable[..., jax.Array] | None = None
+  inference_softmax_attention: Callable[..., jax.Array] | None = None
   inference_compiler_options: tuple[tuple[str, Any], ...] = ()
   attention_chunk_bytes: int = 0
   attention_whole_batch_bytes: int = 0
@@ -136,6 +139,25 @@ def xla_gelu(x: jax.Array) -> jax.Array:
   return jax.nn.gelu(x, approximate=False)
 
 
+def fused_attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, implementation: str | None = None
+) -> jax.Array:
+  """softmax(q k^T) v on [B, heads, T, d] (q already scaled), no dropout, as one
+  jax.nn.dot_product_attention: None lets jax choose (XLA's einsum-softmax-einsum with float32
+  logits), "cudnn" asks for cuDNN's fused kernel (16-bit inputs only)."""
+  tokens_major = lambda t: jnp.swapaxes(t, 1, 2)  # The op's [B, T, heads, d] layout.
+  out = jax.nn.dot_product_attention(
+    tokens_major(q), tokens_major(k), tokens_major(v), scale=1.0, implementation=implementation
+  )
+  return tokens_major(out)
+
+
+def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """`fused_attention` through cuDNN for 16-bit inputs (its only dtypes), else jax's choice."""
+  half = jnp.result_type(q, k, v) in _HALF_FLOATS
+  return fused_attention(q, k, v, implementation="cudnn" if half else None)
+
+
 def threefry_dropout(
   x: jax.Array, rate: float, key: jax.Array, rows: jax.Array | None = None, num_rows: int = 0
 ) -> jax.Array:
@@ -161,6 +183,9 @@ XLA = Kernels(
   max_pool=xla_max_pool,
   gelu=xla_gelu,
   dropout=common.dropout,
+  # Attention without dropout (evaluation; training where config.model.dropout is 0).
+  softmax_attention=fused_attention,
+  inference_softmax_attention=fused_attention,
 )
 
 # Training attention on CPU runs over slices of the batch whose attention matrices take at

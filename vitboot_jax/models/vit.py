@@ -174,8 +174,9 @@ class Attention(nn.Module):
       dtype=self.dtype,
       kernels=self.kernels,
     )
-    if train and self.attention == "softmax" and not use_dropout and self.kernels.softmax_attention:
-      fused = self.kernels.softmax_attention
+    kernels = self.kernels
+    fused = kernels.softmax_attention if train else kernels.inference_softmax_attention
+    if self.attention == "softmax" and not use_dropout and fused is not None:
       core = lambda q, k, v, rows=None: (fused(q, k, v), None)
     b, _, tokens, _ = q.shape
     chunk = images_per_chunk(self.kernels, b, self.num_heads, tokens, train=train)

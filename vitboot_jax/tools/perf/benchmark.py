@@ -260,7 +260,7 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
 
   config, trainer = step.config, step.trainer
   feed = feeds.open_feed(config, step.mesh)
-  batches = feed.train(0)
+  next_input = feed.train(0)
   train_step = trainer.train_step
   if feed.on_device:
     pure = step_lib.make_train_step(
@@ -280,7 +280,7 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
       jax.block_until_ready(state)
       start, data_s = time.perf_counter(), 0.0
     fetch = time.perf_counter()
-    batch = next(batches)
+    batch = next_input(1)
     data_s += time.perf_counter() - fetch
     state, metrics = train_step(state, batch)
     if (i + 1) % log_every == 0:

@@ -1,0 +1,46 @@
+"""The device plan (tools/perf/device_plan.py): its order, its budget and its guards; the
+measurements themselves need the accelerator (docs/accelerators.md)."""
+
+import json
+import sys
+
+from tests.config_files import load_config
+from vitboot_jax.tools.perf import device_plan
+
+
+def test_the_issue_targets_come_first_and_every_item_once():
+  ctx = device_plan.Context(config=None, mesh=None, plan=device_plan.Plan(), peak={})
+  names = [name for name, _ in device_plan.items(ctx)]
+  assert names[:4] == [
+    "step/vit/64/bfloat16",
+    "step/shared/64/bfloat16",
+    "steps_per_call/vit/64/bfloat16",
+    "steps_per_call/shared/64/bfloat16",
+  ]
+  assert names[4:6] == ["timm/64", "timm/256"]
+  assert len(names) == len(set(names))
+  every_step = {
+    f"step/{m}/{b}/{d}"
+    for m in device_plan.MODES
+    for b in (64, 256)
+    for d in ("bfloat16", "float32")
+  }
+  assert every_step <= set(names)
+  assert {"attention/64/bfloat16", "eval/vit/bfloat16", "eval/shared/bfloat16"} <= set(names)
+
+
+def test_past_the_budget_items_are_listed_not_run():
+  printed = []
+  plan = device_plan.Plan(budget_s=0.0, peak_size=64, steps=3)
+  rows = device_plan.run(load_config("tiny_config"), plan, emit=printed.append)
+  assert [json.loads(line) for line in printed] == rows
+  assert rows[0]["item"] == "peak" and rows[0]["bfloat16_flops_per_s"] > 0
+  assert rows[-1]["item"] == "done" and len(rows) == 2
+  assert rows[-1]["skipped_over_budget"][0] == "step/vit/64/bfloat16"
+
+
+def test_timm_is_skipped_with_a_note_without_torch(monkeypatch):
+  monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError.
+  ctx = device_plan.Context(load_config("vits_cifar100"), None, device_plan.Plan(), {})
+  row = device_plan.timm_row(ctx, 64)
+  assert row["item"] == "timm" and "torch/timm absent" in row["skipped"]
