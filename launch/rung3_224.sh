@@ -19,7 +19,7 @@
 # every row's checkpoint and metrics back; re-running the same command resumes every row. SIGTERM
 # or Ctrl-C to this script reaches every row (each saves and exits). Then ROOT/table.md,
 # ROOT/table.json and ROOT/curves.png; logs in ROOT/<row>.log.
-# Env: DRY=1 prints the commands and runs nothing; SEEDS (0), BUDGET_S (0: no limit), MEM_FRACTION (the accelerator memory each process may
+# Env: DRY=1 prints the commands and runs nothing; ROWS (all five, e.g. ROWS="vit agent"); SEEDS (0), BUDGET_S (0: no limit), MEM_FRACTION (the accelerator memory each process may
 # take, default 0.9 / number of rows), JAX_COMPILATION_CACHE_DIR (ROOT/jax_cache).
 set -uo pipefail
 root=$(realpath -m "${1:?usage: rung3_224.sh ROOT EPOCHS NPZ_DIR [sweep flags]}")
@@ -27,7 +27,7 @@ epochs=${2:?usage: rung3_224.sh ROOT EPOCHS NPZ_DIR [sweep flags]}
 npz=$(realpath -m "${3:?usage: rung3_224.sh ROOT EPOCHS NPZ_DIR [sweep flags]}")
 shift 3
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-rows=(vit agent joint shared_align shared_noalign)
+read -r -a rows <<<"${ROWS:-vit agent joint shared_align shared_noalign}"
 seeds=${SEEDS:-0}
 budget=${BUDGET_S:-0}
 for f in train test; do
