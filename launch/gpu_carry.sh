@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# What a lent GPU machine (JAX, flax, optax, orbax, torch there; no TensorFlow, ml-collections or
+# internet) needs from here, packed into the ignored folder carry/ (about 46 MB):
+#   carry/cifar10_10pct/{train,test}.npz  the official 10% of CIFAR-10's training split (5,000
+#                                         images, in the subset's order) and all 10,000 test
+#                                         images, uint8 at 32x32 (tools/prepare_data --npz_dir)
+#   carry/wheels/*.whl                    the pure-Python packages the machine lacks
+#   bash launch/gpu_carry.sh [CIFAR10_FOLDER]   (default ../shared/data/cifar10)
+# On the machine, from the repository root: `pip install --no-deps carry/wheels/*.whl`, then e.g.
+# `bash launch/rung3_224.sh OUT/rung3 EPOCHS carry/cifar10_10pct` or
+# `bash launch/device_pipeline_check.sh OUT carry/cifar10_10pct` (docs/accelerators.md).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+folder=$(realpath -m "${1:-../shared/data/cifar10}")
+mkdir -p carry/wheels
+if [[ ! -f carry/cifar10_10pct/test.npz ]]; then
+  python -m vitboot_jax.tools.prepare_data folder "--data_dir=$folder" \
+    --npz_dir=carry/cifar10_10pct --train_fraction=0.1
+fi
+python -m pip download -q --no-deps -d carry/wheels ml-collections==1.1.0
+du -sh carry
