@@ -9,6 +9,7 @@ import tensorflow as tf
 from vitboot_jax import (
   configlib,
   device_preprocess,
+  errors,
   evaluate,
   input_pipeline,
   optim,
@@ -75,7 +76,7 @@ def test_float_images_pass_through_and_no_upscale_ships_floats(noisy_folder):
 
 def test_wrong_stored_size_fails_naming_the_field(noisy_folder):
   config = make_config(noisy_folder, stored_size=28)
-  with pytest.raises(tf.errors.InvalidArgumentError, match="config.data.stored_size=28"):
+  with pytest.raises(errors.ConfigError, match="config.data.stored_size=28"):
     next(input_pipeline.train_batches(config))
 
 

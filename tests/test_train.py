@@ -119,10 +119,12 @@ def test_two_processes_train_and_agree(uninterrupted, image_folder, tmp_path):
         cmd, env=_env(2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
       )
     )
+  errs = [proc.communicate(timeout=600)[1] for proc in procs]
+  both_logs = "\n".join(f"process {i}: {e[-3000:]}" for i, e in enumerate(errs))
+  for proc in procs:  # Both logs: one process's fault ends both.
+    assert proc.returncode == 0, both_logs
   finals = []
-  for pid, proc in enumerate(procs):
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-4000:]
+  for pid, err in enumerate(errs):
     assert f"process {pid}/2, 2 local / 4 global devices" in err
     line = next(x for x in err.splitlines() if "Finished: " in x)
     finals.append(json.loads(line.split("Finished: ", 1)[1]))

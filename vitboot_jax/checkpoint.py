@@ -45,7 +45,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vitboot_jax import workdir_claim
+from vitboot_jax import sharding, workdir_claim
 from vitboot_jax.workdirs import CHECKPOINT_SUBDIR, COMMIT_MARKER
 
 PyTree = Any
@@ -354,7 +354,7 @@ class Checkpointer:
           COMMIT_MARKER,
         )
     if jax.process_count() > 1:
-      multihost_utils.sync_global_devices("vitboot_jax.checkpoint.set_aside_incomplete")
+      sharding.barrier("checkpoint.set_aside_incomplete")
 
   def __enter__(self) -> Checkpointer:
     return self

@@ -7,6 +7,7 @@ all-reduce and the global-batch BatchNorm statistics come out of plain `jnp.mean
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax
@@ -48,3 +49,21 @@ def global_batches(
     k: jax.make_array_from_process_local_data(sharding, np.stack([b[k] for b in local]))
     for k in local[0]
   }
+
+
+_BARRIERS = itertools.count()
+
+
+def barrier(name: str, timeout_s: float = 600.0) -> None:
+  """Waits until every process reaches `name` (a no-op for one process).
+
+  Through jax.distributed's coordination service, not a collective: processes may arrive minutes
+  apart (imports, data checks, a loaded host), longer than a CPU collective's set-up (Gloo: 30 s)
+  waits. Every process must call the same barriers in the same order (the ids are numbered).
+  """
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed  # The service jax.distributed started (orbax uses it too).
+
+  barrier_id = f"vitboot_jax/{name}/{next(_BARRIERS)}"
+  distributed.global_state.client.wait_at_barrier(barrier_id, int(timeout_s * 1000))
