@@ -86,6 +86,32 @@ def test_timm_export_reads_back_identically_with_timm_names_and_model_args(tmp_p
   assert info["source"]["step"] == 3 and info["notes"] == []
 
 
+def test_timm_builds_the_exported_vit_and_computes_our_logits(tmp_path):
+  """Where torch and timm are installed: README's three lines load the export strictly, and
+  timm's VisionTransformer gives our ViT's logits (float32, to rounding)."""
+  torch = pytest.importorskip("torch")
+  timm = pytest.importorskip("timm")
+  import functools
+
+  import safetensors.torch
+
+  config, saved, workdir = _run(tmp_path, "mode=vit")
+  out = str(tmp_path / "vit.safetensors")
+  export.export(workdir, "timm", out)
+  args = json.loads((tmp_path / "vit.json").read_text())
+  model = timm.models.vision_transformer.VisionTransformer(
+    **args["model_args"], norm_layer=functools.partial(torch.nn.LayerNorm, eps=args["eps"])
+  )
+  model.load_state_dict(safetensors.torch.load_file(out))  # Strict: every key, every shape.
+  model.eval()
+  images = np.random.default_rng(2).normal(size=(4, 32, 32, 3)).astype(np.float32)
+  with torch.no_grad():
+    theirs = model(torch.from_numpy(images).permute(0, 3, 1, 2)).numpy()
+  vit = build_vit(config)
+  ours = np.asarray(vit.apply({"params": saved[3][0]["vit"]}, images)[0])
+  np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4 * np.abs(ours).max())
+
+
 @pytest.mark.parametrize("mode", ["vit", "joint", "shared"])
 def test_official_export_reads_back_identically(tmp_path, mode):
   config, saved, workdir = _run(tmp_path, f"mode={mode}")
