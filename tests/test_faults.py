@@ -331,8 +331,9 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(uninterrupted, image_
   procs[1].send_signal(signal.SIGTERM)
   logs = [p.communicate(timeout=300)[1] for p in procs]
   stopped_at = []
+  both_logs = "\n".join(f"process {i}: {log[-3000:]}" for i, log in enumerate(logs))
   for proc, log in zip(procs, logs):
-    assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
+    assert proc.returncode == 128 + signal.SIGTERM, both_logs
     line = next(x for x in log.splitlines() if "Stopped by SIGTERM after step" in x)
     stopped_at.append(int(line.split("after step ")[1].split(":")[0]))
   assert stopped_at[0] == stopped_at[1] and 9 <= stopped_at[0] < 30, stopped_at

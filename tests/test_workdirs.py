@@ -149,6 +149,20 @@ def test_claim_is_exclusive_and_names_the_holder(tmp_path):
   workdir_claim.acquire(tmp_path).release()
 
 
+def test_processes_of_one_multi_process_run_leave_the_claim_to_process_0(tmp_path):
+  """Process 0's claim.json is its own run's to the other processes, however late they check
+  (CI: a loaded host let process 1 check after process 0 had claimed, and refuse its own run)."""
+  claim = workdir_claim.acquire(tmp_path)
+  result = []
+  thread = threading.Thread(
+    target=lambda: result.append(workdirs.check(tmp_path, _config(), single_process=False))
+  )
+  thread.start()
+  thread.join()
+  assert result == [None]
+  claim.release()
+
+
 def test_live_claim_of_another_host_is_refused(tmp_path):
   _foreign_claim(tmp_path, heartbeat_age=30)
   with pytest.raises(workdir_claim.WorkdirBusyError, match="pid 1 on other-host"):

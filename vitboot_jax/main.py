@@ -94,7 +94,7 @@ def main(argv):
   split = None
   try:
     configlib.validate(config)
-    if workdirs.check(_WORKDIR.value, config) is not None:
+    if workdirs.check(_WORKDIR.value, config, single_process=not _is_multi_process()) is not None:
       logging.info("%s already holds a finished run of this config; nothing to do.", _WORKDIR.value)
       return
     datasets.ensure(config, may_download=not _is_multi_process())

@@ -57,13 +57,16 @@ _BARRIERS = itertools.count()
 def barrier(name: str, timeout_s: float = 600.0) -> None:
   """Waits until every process reaches `name` (a no-op for one process).
 
-  Through jax.distributed's coordination service, not a collective: processes may arrive minutes
-  apart (imports, data checks, a loaded host), longer than a CPU collective's set-up (Gloo: 30 s)
-  waits. Every process must call the same barriers in the same order (the ids are numbered).
+  Through jax.distributed's key-value store, not a collective: processes may arrive minutes apart
+  (imports, data checks, a loaded host), longer than a CPU collective's set-up (Gloo: 30 s)
+  waits. Every process must call the same barriers in the same order (the keys are numbered).
   """
   if jax.process_count() == 1:
     return
-  from jax._src import distributed  # The service jax.distributed started (orbax uses it too).
+  from jax._src import distributed  # The store jax.distributed started (orbax uses it too).
 
-  barrier_id = f"vitboot_jax/{name}/{next(_BARRIERS)}"
-  distributed.global_state.client.wait_at_barrier(barrier_id, int(timeout_s * 1000))
+  client = distributed.global_state.client
+  prefix = f"vitboot_jax/barrier/{name}/{next(_BARRIERS)}"
+  client.key_value_set(f"{prefix}/{jax.process_index()}", "arrived")
+  for process in range(jax.process_count()):
+    client.blocking_key_value_get(f"{prefix}/{process}", int(timeout_s * 1000))

@@ -138,7 +138,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   configlib.validate(config, num_devices=jax.device_count())
   workdir = epath.Path(workdir)
   # Nothing is written to the workdir before these checks pass (the Checkpointer creates it).
-  final = workdirs.check(workdir, config)
+  final = workdirs.check(workdir, config, single_process=jax.process_count() == 1)
   if final is not None:
     logging.info("%s already holds a finished run of this config; nothing to do.", workdir)
     return final

@@ -76,8 +76,13 @@ def changed_fields(saved: dict[str, Any], config: ml_collections.ConfigDict) -> 
   return diff(saved, current, "")
 
 
-def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> dict[str, Any] | None:
+def check(
+  workdir: epath.PathLike, config: ml_collections.ConfigDict, *, single_process: bool = True
+) -> dict[str, Any] | None:
   """Checks that `config` may run in `workdir`; writes nothing.
+
+  A multi-process run (`single_process=False`) leaves the claim to process 0's atomic
+  workdir_claim.acquire_for_run: its own claim.json would look like another run to the others.
 
   Returns:
     final.json's metrics when `workdir` holds this config's finished run (nothing to do), else
@@ -88,7 +93,8 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> dict[st
       cannot be written.
   """
   workdir = epath.Path(workdir)
-  workdir_claim.check_free(workdir)
+  if single_process:
+    workdir_claim.check_free(workdir)
   final_path = workdir / FINAL_FILE
   finished = final_path.exists()
   if finished or has_checkpoint(workdir):
