@@ -81,6 +81,22 @@ def _time_calls(call: Callable[[], Any], steps: int, warmup: int) -> list[float]
   return times
 
 
+def time_alternately(
+  calls: dict[str, Callable[[], Any]], rounds: int, warmup: int
+) -> dict[str, float]:
+  """Median wall time of each call, the calls timed in turn (a shared machine slows each alike)."""
+  for call in calls.values():
+    for _ in range(warmup):
+      jax.block_until_ready(call())
+  times: dict[str, list[float]] = {name: [] for name in calls}
+  for _ in range(rounds):
+    for name, call in calls.items():
+      start = time.perf_counter()
+      jax.block_until_ready(call())
+      times[name].append(time.perf_counter() - start)
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
 def measure_peak(
   mesh: jax.sharding.Mesh, *, size: int = 0, dtype: Any = jnp.float32, steps: int = 10
 ) -> dict[str, Any]:

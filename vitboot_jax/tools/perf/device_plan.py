@@ -72,28 +72,6 @@ class Context:
   peak: dict[str, Any]
 
 
-def _stack(data: dict[str, jax.Array], calls: int, mesh) -> dict[str, jax.Array]:
-  """`calls` copies of a batch stacked [calls, B, ...], split on the batch axis."""
-  spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, sharding.DATA_AXIS))
-  return jax.jit(lambda d: jax.tree.map(lambda x: jnp.stack([x] * calls), d), out_shardings=spec)(
-    data
-  )
-
-
-def _alternate(calls: dict[str, Callable[[], Any]], rounds: int, warmup: int) -> dict[str, float]:
-  """Median wall time of each call, timed alternately (a shared machine slows every arm alike)."""
-  for call in calls.values():
-    for _ in range(warmup):
-      jax.block_until_ready(call())
-  times: dict[str, list[float]] = {name: [] for name in calls}
-  for _ in range(rounds):
-    for name, call in calls.items():
-      start = time.perf_counter()
-      jax.block_until_ready(call())
-      times[name].append(time.perf_counter() - start)
-  return {name: statistics.median(t) for name, t in times.items()}
-
-
 def peaks(mesh, plan: Plan) -> dict[str, Any]:
   row: dict[str, Any] = {"item": "peak"}
   for dtype in ("bfloat16", "float32"):
@@ -130,7 +108,8 @@ def steps_per_call_row(ctx: Context, mode: str, batch: int, dtype: str) -> dict:
   """One step a call against K, same state layout and batch, alternating."""
   plan, mesh, k = ctx.plan, ctx.mesh, ctx.plan.steps_per_call
   step = benchmark.compile_mode_step(ctx.config, mode, mesh, batch=batch, dtype=dtype)
-  stacked = _stack(step.data, k, mesh)
+  # The same batch K times, [K, B, ...] split on the batch axis as train.py stacks host batches.
+  stacked = sharding.global_batches([jax.device_get(step.data)] * k, mesh)
   start = time.perf_counter()
   multi = step.trainer.multi_step(k).lower(step.state, stacked).compile()
   multi_compile_s = time.perf_counter() - start
@@ -140,7 +119,7 @@ def steps_per_call_row(ctx: Context, mode: str, batch: int, dtype: str) -> dict:
     holder["state"], metrics = compiled(holder["state"], data)
     return metrics
 
-  times = _alternate(
+  times = benchmark.time_alternately(
     {"one": lambda: one_call(step.compiled, step.data), "k": lambda: one_call(multi, stacked)},
     rounds=max(3, plan.steps // 2),
     warmup=1,
@@ -192,9 +171,9 @@ def attention_row(ctx: Context, batch: int, dtype: str) -> dict:
     train_calls[name], eval_calls[name] = step, forward
     row[f"compile_s_{name}"] = step.compile_s
   rounds = max(3, plan.steps // 2)
-  for name, t in _alternate(train_calls, rounds, plan.warmup).items():
+  for name, t in benchmark.time_alternately(train_calls, rounds, plan.warmup).items():
     row[f"step_s_{name}"] = t
-  for name, t in _alternate(eval_calls, rounds, 1).items():
+  for name, t in benchmark.time_alternately(eval_calls, rounds, 1).items():
     row[f"eval_forward_s_{name}"] = t
   for name in train_calls:
     if name != "plain" and "plain" in train_calls:

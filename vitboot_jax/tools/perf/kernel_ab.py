@@ -34,8 +34,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -149,16 +147,8 @@ def compare_mode(
     )
     for name in ("old", "new")
   }
-  for step in variants.values():
-    for _ in range(warmup):
-      jax.block_until_ready(step())
-  times: dict[str, list[float]] = {name: [] for name in variants}
-  for _ in range(steps):
-    for name, step in variants.items():
-      start = time.perf_counter()
-      jax.block_until_ready(step())
-      times[name].append(time.perf_counter() - start)
-  old, new = (statistics.median(times[name]) for name in ("old", "new"))
+  times = benchmark.time_alternately(variants, steps, warmup)
+  old, new = times["old"], times["new"]
   row = {
     "switch": switch,
     "mode": mode,
