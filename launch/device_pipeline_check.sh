@@ -53,7 +53,7 @@ if [[ ! -f $npz/train.npz ]]; then
   else
     run pack.log python -c "
 import numpy as np
-from vitboot_jax import sources
+from vitboot_jax.data import sources
 rng = np.random.default_rng(0)
 for split, n in (('train', 5000), ('test', 1000)):
   labels = np.arange(n) % 10

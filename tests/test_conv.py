@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from tests import jaxprs
-from vitboot_jax.models import conv, kernels
+from vitboot_jax.cpu import conv
+from vitboot_jax.cpu.conv import assemble_kernel
+from vitboot_jax.models import kernels
 from vitboot_jax.models.agent import tap_positions
-from vitboot_jax.models.conv import assemble_kernel
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from tests import runs
-from vitboot_jax import cpu_devices, errors
+from vitboot_jax import errors
+from vitboot_jax.cpu import devices as cpu_devices
 
 
 @pytest.mark.parametrize(
@@ -54,7 +55,7 @@ def _clean_env():
 def test_split_host_shapes_the_cpu_client(call, devices):
   code = (
     "import jax\n"
-    "from vitboot_jax import cpu_devices\n"
+    "from vitboot_jax.cpu import devices as cpu_devices\n"
     f"print(cpu_devices.{call}, len(jax.devices()), jax.default_backend())\n"
   )
   proc = subprocess.run(

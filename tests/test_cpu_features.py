@@ -2,7 +2,7 @@
 
 import pytest
 
-from vitboot_jax import cpu_features
+from vitboot_jax.cpu import features as cpu_features
 
 AVX2_ONLY = "fpu vme sse sse2 avx fma avx2 vaes"
 AMX = "fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8"

@@ -16,7 +16,8 @@ from tests.runs import REPO, TINY
 from tests.runs import env as _env
 from tests.runs import metrics as _metrics
 from tests.runs import train_losses as _train_losses
-from vitboot_jax import configlib, device_data, device_preprocess, errors, sharding, sources
+from vitboot_jax import configlib, errors, sharding
+from vitboot_jax.data import device_data, device_preprocess, sources
 from vitboot_jax.tools import prepare_data
 
 
@@ -67,7 +68,7 @@ def test_npz_errors_name_the_key_dtype_and_shape(tmp_path):
 
 
 def test_subset_and_order_are_the_tfdata_pipelines(npz_dir):
-  from vitboot_jax import input_pipeline
+  from vitboot_jax.data import input_pipeline
 
   config = _config(npz_dir, train_fraction=0.5)
   images, labels, index = sources.split_arrays(config, "train", subset=True)
@@ -170,7 +171,7 @@ def _chi2_same(a, b):
 def test_crop_offsets_and_flips_match_the_tfdata_distribution():
   import tensorflow as tf
 
-  from vitboot_jax import preprocess
+  from vitboot_jax.data import preprocess
 
   draws = 4000
   image = _coordinate_image()
@@ -236,7 +237,8 @@ def test_data_record_and_test_split_check_need_no_tensorflow(image_folder, npz_d
   code = (
     "import json\n"
     "from tests.config_files import load_config\n"
-    "from vitboot_jax import errors, sources\n"
+    "from vitboot_jax import errors\n"
+    "from vitboot_jax.data import sources\n"
     f"config = load_config({TINY!r})\n"
     f"config.data.update(name='folder', dir={str(folder)!r}, pipeline='device')\n"
     "info = sources.DatasetInfo(160, 40, 10, 10, tuple(f'class{c}' for c in range(10)))\n"

@@ -18,7 +18,8 @@ import pytest
 
 from tests.config_files import load_config
 from tests.runs import command, env, metrics, run
-from vitboot_jax import checkpoint, input_pipeline, preemption, steps, train
+from vitboot_jax import checkpoint, preemption, steps, train
+from vitboot_jax.data import input_pipeline
 
 # ---------------------------------------------------------------------------------------------
 # A watched run: kill it when a condition on its log or its checkpoint directory comes true.
@@ -469,7 +470,8 @@ def test_unsupported_files_are_counted_and_named(data_copy, caplog):
 def test_a_bad_test_image_stops_the_run_before_training(data_copy, damage, pipeline):
   import tensorflow as tf
 
-  from vitboot_jax import errors, sources
+  from vitboot_jax import errors
+  from vitboot_jax.data import sources
 
   config = _tiny_config(data_copy)
   config.data.pipeline = pipeline  # Suspects are decoded by TensorFlow or by PIL.

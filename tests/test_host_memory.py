@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from vitboot_jax import host_memory
+from vitboot_jax.cpu import host_memory
 
 # A program that re-executes itself as main does, then times a step whose 64 MB temporary (a @ b,
 # an operand of the next product) is allocated and freed on every call.
 _PROGRAM = """
 import resource
-from vitboot_jax import host_memory
+from vitboot_jax.cpu import host_memory
 host_memory.reexec_with_allocator()
 import jax, jax.numpy as jnp
 step = jax.jit(lambda a, b: jnp.sum((a @ b).T @ a))

@@ -78,7 +78,8 @@ def test_fine_tune_run_starts_from_a_pre_training_run(tmp_path, monkeypatch):
   checkpoints is exactly the pre-trained one (train.py's hook; the modes are tested above)."""
   import tensorflow_datasets as tfds
 
-  from vitboot_jax import checkpoint, datasets, train
+  from vitboot_jax import checkpoint, train
+  from vitboot_jax.data import datasets
 
   # tfds mock data swaps the filesystem process-wide: save synchronously (see test_train.py).
   monkeypatch.setattr(

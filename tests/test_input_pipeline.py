@@ -10,7 +10,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from tests.config_files import load_config
-from vitboot_jax import configlib, input_pipeline, preprocess
+from vitboot_jax import configlib
+from vitboot_jax.data import input_pipeline, preprocess
 
 MEAN, STD = configlib.NORMALISATION["cifar10"]
 CLASSES = ("cat", "dog", "emu")
@@ -355,7 +356,7 @@ def test_tfds_prepared_dataset(tfds_dir):
 
 
 def test_tfds_data_record_is_the_version_and_split_counts(tfds_dir):
-  from vitboot_jax import sources
+  from vitboot_jax.data import sources
 
   config = make_config(tfds_dir, name="vitboot_tiny_images", train_fraction=0.5)
   record = sources.data_fingerprint(config, input_pipeline.dataset_info(config))

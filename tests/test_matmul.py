@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests import jaxprs
-from vitboot_jax.models import matmul
+from vitboot_jax.cpu import matmul
 
 SUBSCRIPTS = ["bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "...k,kn->...n"]
 

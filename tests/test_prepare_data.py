@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from vitboot_jax import configlib, datasets, errors, input_pipeline
+from vitboot_jax import configlib, errors
+from vitboot_jax.data import datasets, input_pipeline
 from vitboot_jax.tools import prepare_data
 
 CLASSES = ("cat", "dog")

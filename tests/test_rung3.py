@@ -9,7 +9,8 @@ import subprocess
 import numpy as np
 
 from tests.config_files import load_config
-from vitboot_jax import configlib, sources
+from vitboot_jax import configlib
+from vitboot_jax.data import sources
 from vitboot_jax.tools import sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tests import jaxprs
+from vitboot_jax.cpu.softmax_attention import softmax_attention
 from vitboot_jax.models import kernels
 from vitboot_jax.models import vit as vit_lib
-from vitboot_jax.models.softmax_attention import softmax_attention
 from vitboot_jax.models.vit import attend
 
 

@@ -171,7 +171,8 @@ def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
 
   import tensorflow_datasets as tfds
 
-  from vitboot_jax import checkpoint, datasets, train
+  from vitboot_jax import checkpoint, train
+  from vitboot_jax.data import datasets
 
   # mock_data swaps in a fake filesystem (process-wide) while tfds builds a dataset; an orbax
   # save running in a background thread at that moment would write into it. Save synchronously.

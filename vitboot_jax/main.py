@@ -31,7 +31,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vitboot_jax import cli, cpu_devices, cpu_features, errors, host_memory, progress
+from vitboot_jax import cli, errors, progress
+from vitboot_jax.cpu import devices as cpu_devices
+from vitboot_jax.cpu import features as cpu_features
+from vitboot_jax.cpu import host_memory
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -88,7 +91,8 @@ def main(argv):
     print(config)
     return
   progress.quiet_libraries()
-  from vitboot_jax import configlib, datasets, workdirs
+  from vitboot_jax import configlib, workdirs
+  from vitboot_jax.data import datasets
 
   # The user's mistakes, in seconds: before TensorFlow and JAX load and before anything is written.
   split = None
@@ -102,7 +106,7 @@ def main(argv):
       split = cpu_devices.split_host_for(config, requested=_CPU_DEVICES.value)
   except errors.UsageError as error:
     cli.fail(str(error))
-  from vitboot_jax import sources
+  from vitboot_jax.data import sources
 
   if sources.uses_tensorflow(config):
     # TensorFlow is only the input pipeline: it must never take an accelerator from JAX.

@@ -26,7 +26,8 @@ import ml_collections
 import optax
 
 from vitboot_jax import align as align_lib
-from vitboot_jax import device_preprocess, drloc, losses
+from vitboot_jax import drloc, losses
+from vitboot_jax.data import device_preprocess
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState

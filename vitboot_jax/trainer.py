@@ -18,7 +18,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from vitboot_jax import device_data, device_preprocess, evaluate, init_from, optim, sharding, steps
+from vitboot_jax import evaluate, init_from, optim, sharding, steps
+from vitboot_jax.data import device_data, device_preprocess
 from vitboot_jax.models import attention_init
 from vitboot_jax.models.build import ModelSet, build_models
 from vitboot_jax.models.kernels import Kernels

@@ -5,8 +5,8 @@ convolution units, XLA's fused attention). 16-bit floats go through `dot_general
 float32 accumulation (`preferred_element_type`) and jax's own derivatives. Dropout masks come
 from a counter hash (models/common.py) that fuses into the select applying them: no
 threefry bits written out per element.
-`CPU`: the kernels that pay on XLA:CPU (models/matmul.py, models/conv.py,
-models/softmax_attention.py, the erf GELU, attention in cache-sized batch slices).
+`CPU`: the kernels that pay on XLA:CPU (cpu/matmul.py, cpu/conv.py,
+cpu/softmax_attention.py, the erf GELU, attention in cache-sized batch slices).
 
 Models take the record as a field and never look at the backend; `for_devices` picks the set
 from the devices a step runs on (the mesh). MAC counts (models/costs.py) use `XLA`.
@@ -22,7 +22,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from vitboot_jax.models import choices, common, conv, matmul, softmax_attention
+from vitboot_jax.cpu import conv, matmul, softmax_attention
+from vitboot_jax.models import choices, common
 
 _HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from vitboot_jax.cpu import conv as conv_lib
 from vitboot_jax.models import common
-from vitboot_jax.models import conv as conv_lib
 
 # torch.nn.init.kaiming_normal_(mode="fan_out", nonlinearity="relu"): N(0, 2 / (k*k*out)),
 # untruncated. Flax's HWIO kernel gives fan_out = k*k*out as PyTorch does.

@@ -38,7 +38,7 @@ _FRACTION = flags.DEFINE_float(
 
 def prepare(name: str, data_dir: str | None) -> str:
   """Prepares tfds dataset `name` in `data_dir` (a no-op if it is); returns its directory."""
-  from vitboot_jax import datasets
+  from vitboot_jax.data import datasets
 
   builder = datasets.tfds_builder(name, data_dir)
   if datasets.is_prepared(builder):
@@ -66,7 +66,8 @@ def pack_npz(
   """Writes each split of tfds `name` or of the image folder `data_dir` (name "folder") to
   OUT/<split>.npz in canonical order, with class_names and (tfds) file_names; returns paths.
   `train_fraction` < 1 packs that subset of the first split (train it with fraction 1)."""
-  from vitboot_jax import configlib, sources
+  from vitboot_jax import configlib
+  from vitboot_jax.data import sources
 
   config = configlib.base_config()
   config.data.name, config.data.dir = name, data_dir
@@ -76,7 +77,7 @@ def pack_npz(
     class_names = sources.class_folders(data_dir, splits[0], "train_split")
     file_names = {}
   else:
-    from vitboot_jax import input_pipeline
+    from vitboot_jax.data import input_pipeline
 
     info = input_pipeline._TfdsSource(config)
     class_names = info.class_names

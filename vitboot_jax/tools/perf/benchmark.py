@@ -60,7 +60,8 @@ from vitboot_jax import (
 )
 from vitboot_jax import steps as step_lib
 from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.models import costs, matmul
+from vitboot_jax.cpu import matmul
+from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.kernels import Kernels
 
@@ -272,7 +273,7 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
   With config.data.pipeline="device" the loop's step makes its batch from the dataset on the
   devices (its compilation is in the warm-up); "loop_data_s" is then only the host's feed.
   """
-  from vitboot_jax import device_data, feeds  # TensorFlow only for the tf.data pipeline.
+  from vitboot_jax.data import device_data, feeds  # TensorFlow only for the tf.data pipeline.
 
   config, trainer = step.config, step.trainer
   feed = feeds.open_feed(config, step.mesh)
@@ -319,7 +320,7 @@ def eval_forward(step: CompiledStep) -> tuple[Any, Callable[[], Any]]:
 
 def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
   """A full evaluation of the eval split as train.py runs it (twice: decode, then cache)."""
-  from vitboot_jax import input_pipeline  # TensorFlow only when real data is asked for.
+  from vitboot_jax.data import input_pipeline  # TensorFlow only when real data is asked for.
 
   config, mesh = step.config, step.mesh
   eval_step = step.trainer.eval_step

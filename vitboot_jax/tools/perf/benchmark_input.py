@@ -23,7 +23,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import input_pipeline
+from vitboot_jax.data import input_pipeline
 
 
 def measure(

@@ -39,7 +39,9 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import device_preprocess, evaluate, host_memory, sharding
+from vitboot_jax import evaluate, sharding
+from vitboot_jax.cpu import host_memory
+from vitboot_jax.data import device_preprocess
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.tools.perf import benchmark
 

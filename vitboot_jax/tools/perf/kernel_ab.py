@@ -9,9 +9,9 @@ the cpu set's training attention (rematerialised batch slices once a device's sh
 its whole-batch threshold) against whole-batch attention;
 `erf_gelu`, GELU written with erf (models/common.py) against jax's erfc form (cpu set);
 `bf16_matmuls`, the cpu set with float32 operands of its einsums and Dense layers rounded to
-bfloat16 (float32 sums; models/matmul.py `bf16_einsum`) against the plain cpu set;
+bfloat16 (float32 sums; cpu/matmul.py `bf16_einsum`) against the plain cpu set;
 `softmax_backward`, the cpu set's training attention with its backward written out
-(models/softmax_attention.py) against autodiff of softmax;
+(cpu/softmax_attention.py) against autodiff of softmax;
 `hashed_dropout`, the xla set's dropout masks (a counter hash fused into the select that applies
 them, models/common.py) against nn.Dropout's threefry Bernoulli masks;
 `forward_convs`, the cpu set's convolutions (XLA's convolution forward and for the input
@@ -42,8 +42,9 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cpu_devices, host_memory, sharding
-from vitboot_jax.models import conv, matmul
+from vitboot_jax import sharding
+from vitboot_jax.cpu import conv, host_memory, matmul
+from vitboot_jax.cpu import devices as cpu_devices
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.kernels import Kernels

@@ -26,8 +26,9 @@ from absl import app, flags
 from jax import export
 from ml_collections import config_flags
 
-from vitboot_jax import configlib, device_preprocess, evaluate, optim
+from vitboot_jax import configlib, evaluate, optim
 from vitboot_jax import steps as step_lib
+from vitboot_jax.data import device_preprocess
 from vitboot_jax.models import costs
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models.build import build_models

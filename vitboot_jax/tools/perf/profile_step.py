@@ -43,7 +43,9 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cpu_devices, host_memory, sharding
+from vitboot_jax import sharding
+from vitboot_jax.cpu import devices as cpu_devices
+from vitboot_jax.cpu import host_memory
 from vitboot_jax.tools.perf import benchmark
 
 # Opcodes that only move or re-lay-out data.

@@ -17,7 +17,7 @@ import jax
 import ml_collections
 
 from vitboot_jax import sharding
-from vitboot_jax.sources import DatasetInfo
+from vitboot_jax.data.sources import DatasetInfo
 
 
 class TfDataFeed:
@@ -26,7 +26,7 @@ class TfDataFeed:
   on_device = False
 
   def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
-    from vitboot_jax import input_pipeline
+    from vitboot_jax.data import input_pipeline
 
     self._pipeline, self._config, self._mesh = input_pipeline, config, mesh
     self.info: DatasetInfo = input_pipeline.dataset_info(config)
@@ -55,7 +55,7 @@ class DeviceFeed:
   on_device = True
 
   def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
-    from vitboot_jax import device_data
+    from vitboot_jax.data import device_data
 
     self._dataset = device_data.DeviceDataset(config, mesh)
     self.info: DatasetInfo = self._dataset.info

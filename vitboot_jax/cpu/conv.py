@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from vitboot_jax.models import common, matmul
+from vitboot_jax.cpu import matmul
+from vitboot_jax.models import common
 
 # Below this many input channels a per-tap matmul is too thin for a GEMM: use im2col instead.
 _IM2COL_MAX_CHANNELS = 64

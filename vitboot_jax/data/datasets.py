@@ -21,7 +21,8 @@ import urllib.parse
 import ml_collections
 from absl import logging
 
-from vitboot_jax import errors, progress, sources
+from vitboot_jax import errors, progress
+from vitboot_jax.data import sources
 
 PREPARE_COMMAND = "python -m vitboot_jax.tools.prepare_data {name} --data_dir={data_dir}"
 FOLDER_FLAGS = "--config.data.name=folder --config.data.dir=ROOT"

@@ -318,7 +318,7 @@ def check_split(config: ml_collections.ConfigDict, split: str, max_files: int = 
     if not complete:
       suspects.append(path)
   if suspects and uses_tensorflow(config):
-    from vitboot_jax import input_pipeline  # The tf.data pipeline: TensorFlow is there.
+    from vitboot_jax.data import input_pipeline  # The tf.data pipeline: TensorFlow is there.
 
     message = input_pipeline.unreadable_files(np.array(suspects))
   else:
@@ -363,7 +363,7 @@ def data_fingerprint(config: ml_collections.ConfigDict, info: DatasetInfo) -> di
         digest.update(np.ascontiguousarray(arrays[key]).data)
       splits[split] = {"examples": len(arrays["labels"]), "arrays_sha256": digest.hexdigest()}
   else:
-    from vitboot_jax import input_pipeline  # tfds reads through TensorFlow.
+    from vitboot_jax.data import input_pipeline  # tfds reads through TensorFlow.
 
     record["version"], counts = input_pipeline.tfds_record(config)
     splits = {split: {"examples": count} for split, count in counts.items()}

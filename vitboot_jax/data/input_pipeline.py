@@ -34,8 +34,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vitboot_jax import configlib, errors, preprocess, sources
-from vitboot_jax.sources import (  # noqa: F401  (public here as before)
+from vitboot_jax import configlib, errors
+from vitboot_jax.data import preprocess, sources
+from vitboot_jax.data.sources import (  # noqa: F401  (public here as before)
   IMAGE_EXTENSIONS,
   DatasetInfo,
   UnreadableImageError,

@@ -31,8 +31,9 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vitboot_jax import device_preprocess, errors, sharding, sources
-from vitboot_jax.sources import DatasetInfo
+from vitboot_jax import errors, sharding
+from vitboot_jax.data import device_preprocess, sources
+from vitboot_jax.data.sources import DatasetInfo
 
 Data = dict[str, jax.Array]
 Batch = dict[str, jax.Array]
@@ -98,7 +99,7 @@ def read_split(
   """(images uint8 [N, H, W, 3], labels, index in the split) of a split on the host."""
   if config.data.name in sources.ARRAY_SOURCES:
     return sources.split_arrays(config, split, subset)
-  from vitboot_jax import input_pipeline  # tfds: TensorFlow decodes.
+  from vitboot_jax.data import input_pipeline  # tfds: TensorFlow decodes.
 
   return input_pipeline.split_arrays(config, split, subset=subset)
 
@@ -206,6 +207,6 @@ def _class_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     return sources.npz_class_names(config)
   if config.data.name == "folder":
     return tuple(sources.class_folders(config.data.dir, config.data.train_split, "train_split"))
-  from vitboot_jax import input_pipeline
+  from vitboot_jax.data import input_pipeline
 
   return input_pipeline.dataset_info(config).class_names
