@@ -6,15 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vitboot_jax import (
-  configlib,
-  device_preprocess,
-  errors,
-  evaluate,
-  input_pipeline,
-  optim,
-  steps,
-)
+from vitboot_jax import configlib, errors, evaluate, optim, steps
+from vitboot_jax.data import device_preprocess, input_pipeline
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 

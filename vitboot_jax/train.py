@@ -23,18 +23,16 @@ from etils import epath
 from vitboot_jax import (
   checkpoint,
   configlib,
-  datasets,
   evaluate,
-  feeds,
   metrics,
   preemption,
   progress,
   sharding,
-  sources,
   workdir_claim,
   workdirs,
 )
 from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.data import datasets, feeds, sources
 from vitboot_jax.state import TrainState
 
 

@@ -37,16 +37,9 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from vitboot_jax import (
-  checkpoint,
-  configlib,
-  device_preprocess,
-  input_pipeline,
-  preprocess,
-  progress,
-  sharding,
-)
+from vitboot_jax import checkpoint, configlib, progress, sharding
 from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.data import device_preprocess, input_pipeline, preprocess
 from vitboot_jax.models.attention_init import attention_maps
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.models.entmax import entmax_bisect

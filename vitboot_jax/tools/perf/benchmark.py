@@ -48,19 +48,12 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import (
-  cli,
-  configlib,
-  cpu_devices,
-  cpu_features,
-  errors,
-  evaluate,
-  host_memory,
-  sharding,
-)
+from vitboot_jax import cli, configlib, errors, evaluate, sharding
 from vitboot_jax import steps as step_lib
 from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.cpu import matmul
+from vitboot_jax.cpu import devices as cpu_devices
+from vitboot_jax.cpu import features as cpu_features
+from vitboot_jax.cpu import host_memory, matmul
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.kernels import Kernels
