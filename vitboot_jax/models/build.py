@@ -63,7 +63,7 @@ def build_agent(
   kernels: Kernels = XLA,
 ):
   fields = module_fields(config.agent)
-  fields["downsample_after"] = tuple(fields["downsample_after"])  # A list when read from a config.json.
+  fields["downsample_after"] = tuple(fields["downsample_after"])  # A list in a config.json.
   return Agent(
     num_classes=config.data.num_classes,
     **{name: config.model[name] for name in VIT_SHAPE},
