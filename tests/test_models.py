@@ -1,9 +1,12 @@
 """Models: sizes of the paper, CONV semantics, literal weight sharing, official initialisation."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from tests import jaxprs
 from tests.config_files import load_config
@@ -403,7 +406,8 @@ def test_gelu_is_exact_in_value_and_derivative():
 @pytest.mark.parametrize("kernels", [kernels_lib.XLA, kernels_lib.CPU])
 def test_attention_gradient_concatenates_query_key_value(kernels):
   """dQKV is one concatenation of dQ, dK and dV, not a sum of three zero-padded stacks."""
-  module = Attention(num_heads=3, kernels=kernels)
+  dense = functools.partial(nn.Dense, dot_general=kernels.dot_general)
+  module = Attention(num_heads=3, dense=dense, kernels=kernels)
   x = jnp.ones((2, 5, 12))
   params = module.init(jax.random.key(0), x, train=False)
   grad = jax.grad(lambda x: module.apply(params, x, train=True).sum())

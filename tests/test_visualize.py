@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tests import tiny_config
+from vitboot_jax import errors
 from vitboot_jax.models import common
 from vitboot_jax.tools import visualize
 
@@ -231,7 +232,7 @@ def _captured_attention(config, variables, images):
 
 @pytest.mark.parametrize("attention", ["softmax", "entmax"])
 @pytest.mark.slow
-def test_attention_from_block_inputs_matches_the_forward(image_folder, fresh, attention):
+def test_attention_is_the_one_a_forward_pass_computes(image_folder, fresh, attention):
   from vitboot_jax.models.build import build_models
 
   config = visualize._inspection_config(_config(image_folder, attention=attention))
@@ -263,17 +264,32 @@ def test_image_files_are_preprocessed_like_eval(image_folder, tmp_path):
   np.testing.assert_array_equal(visualize.denormalise(_config(image_folder), images), 200)
 
 
-def test_workdir_without_checkpoints_is_an_error_and_left_untouched(image_folder, tmp_path):
-  with pytest.raises(FileNotFoundError, match="checkpoints"):
-    visualize.run(_config(image_folder), str(tmp_path / "out"), workdir=str(tmp_path / "run"))
-  assert not (tmp_path / "run").exists()
+def test_a_workdir_needs_its_config_and_a_checkpoint_and_is_left_untouched(image_folder, tmp_path):
+  run = tmp_path / "run"
+  with pytest.raises(errors.WorkdirError, match="config.json"):
+    visualize.run(None, workdir=str(run))
+  assert not run.exists()
+  run.mkdir()
+  (run / "config.json").write_text(_config(image_folder).to_json_best_effort())
+  with pytest.raises(errors.WorkdirError, match="checkpoints"):
+    visualize.run(None, workdir=str(run))
+  assert sorted(os.listdir(run)) == ["config.json"]
+
+
+def test_config_or_workdir_exactly_one(image_folder, tmp_path):
+  with pytest.raises(errors.UsageError, match="leave --config out"):
+    visualize.run(_config(image_folder), workdir=str(tmp_path))
+  with pytest.raises(errors.UsageError, match="--workdir=RUN"):
+    visualize.run(None, str(tmp_path / "out"))
+  with pytest.raises(errors.UsageError, match="--out"):
+    visualize.run(_config(image_folder))
 
 
 @pytest.mark.slow
 def test_loads_the_newest_checkpoint_of_a_run(trained_run, tmp_path, fresh):
   config, workdir = trained_run
   out = tmp_path / "out"
-  result = visualize.run(config, str(out), workdir=str(workdir), num_images=2)
+  result = visualize.run(None, str(out), workdir=str(workdir), num_images=2)
   assert result.step == 2
   assert json.loads((out / "index.json").read_text())["step"] == 2
   assert sorted(result.files) == sorted(_expected_files())
@@ -284,8 +300,9 @@ def test_loads_the_newest_checkpoint_of_a_run(trained_run, tmp_path, fresh):
 
 
 @pytest.mark.slow
-def test_command_line_on_a_checkpoint(image_folder, trained_run, tmp_path):
-  """One device here (the run had 8): the restore must not depend on the saving mesh."""
+def test_command_line_on_a_checkpoint(trained_run):
+  """The run's own config and newest checkpoint, figures into RUN/figures. One device here (the
+  run had 8): the restore must not depend on the saving mesh."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
   env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
   proc = subprocess.run(
@@ -293,15 +310,7 @@ def test_command_line_on_a_checkpoint(image_folder, trained_run, tmp_path):
       sys.executable,
       "-m",
       "vitboot_jax.tools.visualize",
-      f"--config={REPO / 'tests' / 'tiny_config.py'}:classes=2",
-      f"--config.data.dir={image_folder}",
-      "--config.data.eval_batch_size=8",
-      "--config.num_epochs=2",
-      "--config.total_steps=2",
-      "--config.batch_size=8",
-      "--config.checkpoint_every_steps=100",
       f"--workdir={trained_run[1]}",
-      f"--out={tmp_path / 'cli'}",
       "--num_images=1",
     ],
     env=env,
@@ -312,8 +321,9 @@ def test_command_line_on_a_checkpoint(image_folder, trained_run, tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   python_info = [x for x in proc.stderr.splitlines() if re.match(r"I\d{4} \d\d:\d\d:\d\d\.", x)]
   assert len(python_info) <= 2, python_info  # Orbax's INFO chatter stays off the console.
-  index = json.loads((tmp_path / "cli" / "index.json").read_text())
+  out = trained_run[1] / visualize.FIGURES_SUBDIR
+  index = json.loads((out / "index.json").read_text())
   assert "checkpoint step 2" in proc.stdout
   assert index["files"] == _expected_files() and index["images"] == ["test[0]"]
   assert index["step"] == 2
-  assert _decode(tmp_path / "cli" / "attention_layer0.png").shape[:2] == _figure_shape(1, 3)
+  assert _decode(out / "attention_layer0.png").shape[:2] == _figure_shape(1, 3)

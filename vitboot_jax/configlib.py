@@ -11,11 +11,15 @@ from __future__ import annotations
 import ml_collections
 
 from vitboot_jax.errors import ConfigError
-from vitboot_jax.models.choices import AGENT_STEMS, INITS, KERNELS, TAPS  # noqa: F401
+from vitboot_jax.models.choices import (  # noqa: F401
+  AGENT_STEMS,
+  ATTENTION_INITS,
+  INITS,
+  KERNELS,
+  TAPS,
+)
 
 MODES = ("vit", "agent", "joint", "shared", "cnn")
-# Attention initialisers applied on top of the standard scheme (ViT only).
-ATTENTION_INITS = ("mimetic", "impulse3", "impulse5")
 FEATURE_DECAYS = ("epoch", "step", "none")  # How the feature-loss weight decays (losses.py).
 ADAPTERS = ("seq1d", "pool2d")  # Feature size adaptation (losses.py).
 

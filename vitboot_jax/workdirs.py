@@ -50,6 +50,16 @@ def has_checkpoint(workdir: epath.PathLike) -> bool:
   return any(e.name.isdigit() and (e / COMMIT_MARKER).exists() for e in directory.iterdir())
 
 
+def read_config(workdir: epath.PathLike) -> ml_collections.ConfigDict:
+  """The config a run saved in `workdir` (config.json): what tools reading the run work from."""
+  config_file = epath.Path(workdir) / CONFIG_FILE
+  if not config_file.exists():
+    raise errors.WorkdirError(
+      f"--workdir={workdir} has no {CONFIG_FILE}: give the workdir of a training run"
+    )
+  return ml_collections.ConfigDict(json.loads(config_file.read_text()))
+
+
 _MAX_CHANGES_SHOWN = 6
 _UNSET = object()
 

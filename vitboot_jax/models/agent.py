@@ -137,6 +137,10 @@ def shared_dense(x: jax.Array, dense: Mapping[str, jax.Array], kernels: Kernels 
   return y + dense["bias"].astype(y.dtype)
 
 
+# A flax layer class with the agent's dtype, kernels and BatchNorm mode bound by functools.partial.
+ModuleDef = Any
+
+
 def _inits(init: str) -> dict[str, Any]:
   if init == "official":
     return dict(
@@ -156,26 +160,23 @@ class Stem(nn.Module):
   embed_dim: int
   patch_size: int = 16
   channels: int = 64
-  bn_momentum: float = 0.9
-  bn_eps: float = 1e-5
   init_scheme: str = "official"
-  dtype: Any = jnp.float32
+  conv: ModuleDef = nn.Conv
+  norm: ModuleDef = nn.BatchNorm
   kernels: Kernels = XLA
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+  def __call__(self, x: jax.Array) -> jax.Array:
     inits = _inits(self.init_scheme)
     if self.kind == "patch":
       p = self.patch_size
-      return nn.Conv(
+      return self.conv(
         self.embed_dim,
         (p, p),
         strides=(p, p),
         padding="VALID",
         kernel_init=inits["patch"],
         bias_init=common.zeros,
-        dtype=self.dtype,
-        conv_general_dilated=self.kernels.conv_general_dilated,
         name="conv",
       )(x)
     if self.kind == "res_like":
@@ -187,36 +188,26 @@ class Stem(nn.Module):
         f"config.agent.stem={self.kind!r} is unknown; choose one of {choices.AGENT_STEMS}"
       )
     s2 = 1 if self.kind == "small_full" else 2
-    x = nn.Conv(
+    x = self.conv(
       self.channels,
       (k1, k1),
       strides=(s1, s1),
       padding=((p1, p1), (p1, p1)),
       use_bias=False,
       kernel_init=common.xavier_uniform,
-      dtype=self.dtype,
-      conv_general_dilated=self.kernels.conv_general_dilated,
       name="conv1",
     )(x)
-    x = nn.BatchNorm(
-      use_running_average=not train,
-      momentum=self.bn_momentum,
-      epsilon=self.bn_eps,
-      dtype=self.dtype,
-      name="bn",
-    )(x)
+    x = self.norm(name="bn")(x)
     x = self.kernels.gelu(x)
     if self.kind == "res_like":
       x = self.kernels.max_pool(x, 3, stride=2, pad=1)
-    return nn.Conv(
+    return self.conv(
       self.embed_dim,
       (3, 3),
       strides=(s2, s2),
       padding=((1, 1), (1, 1)),
       kernel_init=common.xavier_uniform,
       bias_init=inits["stem_bias"],
-      dtype=self.dtype,
-      conv_general_dilated=self.kernels.conv_general_dilated,
       name="conv2",
     )(x)
 
@@ -230,10 +221,9 @@ class AgentBlock(nn.Module):
   taps: str = "official"
   mlp_dropout: float = 0.0
   residual_dropout: float = 0.0
-  bn_momentum: float = 0.9
-  bn_eps: float = 1e-5
   init_scheme: str = "official"
-  dtype: Any = jnp.float32
+  dense: ModuleDef = nn.Dense
+  norm: ModuleDef = nn.BatchNorm
   kernels: Kernels = XLA
 
   @nn.compact
@@ -241,13 +231,7 @@ class AgentBlock(nn.Module):
     self, x: jax.Array, *, train: bool, shared: Mapping[str, Any] | None = None
   ) -> jax.Array:
     d = x.shape[-1]
-    bn = lambda name: nn.BatchNorm(
-      use_running_average=not train,
-      momentum=self.bn_momentum,
-      epsilon=self.bn_eps,
-      dtype=self.dtype,
-      name=name,
-    )
+    bn = lambda name: self.norm(name=name)
     dropout = self.kernels.dropout
     drop = lambda y: common.Dropout(self.residual_dropout, kernel=dropout)(
       y, deterministic=not train
@@ -259,22 +243,10 @@ class AgentBlock(nn.Module):
       conv_bias = self.param("conv_bias", common.zeros, (d,))
       conv = lambda y: generalised_conv(y, taps, conv_bias, scheme=self.taps, kernels=self.kernels)
       inits = _inits(self.init_scheme)
-      fc1 = nn.Dense(
-        self.mlp_dim,
-        kernel_init=common.xavier_uniform,
-        bias_init=inits["mlp_bias"],
-        dtype=self.dtype,
-        dot_general=self.kernels.dot_general,
-        name="fc1",
+      dense = functools.partial(
+        self.dense, kernel_init=common.xavier_uniform, bias_init=inits["mlp_bias"]
       )
-      fc2 = nn.Dense(
-        d,
-        kernel_init=common.xavier_uniform,
-        bias_init=inits["mlp_bias"],
-        dtype=self.dtype,
-        dot_general=self.kernels.dot_general,
-        name="fc2",
-      )
+      fc1, fc2 = dense(self.mlp_dim, name="fc1"), dense(d, name="fc2")
     else:
       attn, mlp = shared["attn"], shared["mlp"]
       qkv, out = attn[sharing.QKV], attn[sharing.OUT]
@@ -304,6 +276,9 @@ class AgentBlock(nn.Module):
 
 class Agent(nn.Module):
   """Returns `(logits, out)`; `out["features"][l]` is block l's NHWC output before down-sampling.
+
+  Fields are config.agent's (`init_scheme` is its `init`: flax modules own the name `init`) and
+  the ViT's shape from config.model.
 
   With `shared=True`, `__call__` needs `vit_params` (the ViT's `params` subtree) and the agent
   creates no CONV or MLP weights of its own.
@@ -336,18 +311,26 @@ class Agent(nn.Module):
     if self.shared and vit_params is None:
       raise ValueError("a shared agent reads the ViT's weights: pass vit_params=params['vit']")
     tap_positions(self.num_heads, self.taps)  # Fail at build time on an unsupported head count.
+    norm = functools.partial(
+      nn.BatchNorm,
+      use_running_average=not train,
+      momentum=self.bn_momentum,
+      epsilon=self.bn_eps,
+      dtype=self.dtype,
+    )
     x = Stem(
       kind=self.stem,
       embed_dim=self.embed_dim,
       patch_size=self.patch_size,
       channels=self.stem_channels,
-      bn_momentum=self.bn_momentum,
-      bn_eps=self.bn_eps,
       init_scheme=self.init_scheme,
-      dtype=self.dtype,
+      conv=functools.partial(
+        nn.Conv, dtype=self.dtype, conv_general_dilated=self.kernels.conv_general_dilated
+      ),
+      norm=norm,
       kernels=self.kernels,
       name="stem",
-    )(images.astype(self.dtype), train=train)
+    )(images.astype(self.dtype))
     features = []
     for layer in range(self.depth):
       x = AgentBlock(
@@ -357,23 +340,16 @@ class Agent(nn.Module):
         taps=self.taps,
         mlp_dropout=self.mlp_dropout,
         residual_dropout=self.residual_dropout,
-        bn_momentum=self.bn_momentum,
-        bn_eps=self.bn_eps,
         init_scheme=self.init_scheme,
-        dtype=self.dtype,
+        dense=functools.partial(nn.Dense, dtype=self.dtype, dot_general=self.kernels.dot_general),
+        norm=norm,
         kernels=self.kernels,
         name=f"block_{layer}",
       )(x, train=train, shared=sharing.shared_block(vit_params, layer) if self.shared else None)
       features.append(x)
       if layer in self.downsample_after:
         x = nn.avg_pool(x, (2, 2), strides=(2, 2))
-    x = nn.BatchNorm(
-      use_running_average=not train,
-      momentum=self.bn_momentum,
-      epsilon=self.bn_eps,
-      dtype=self.dtype,
-      name="head_bn",
-    )(x)
+    x = norm(name="head_bn")(x)
     pre_logits = jnp.mean(self.kernels.gelu(x), axis=(1, 2))
     logits = nn.Dense(
       self.num_classes,

@@ -34,10 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import linen as nn
+
+from vitboot_jax.models import choices
+from vitboot_jax.models import vit as vit_lib
 
 Params = Mapping[str, Any]
 
-SCHEMES = ("mimetic", "impulse3", "impulse5")
+SCHEMES = choices.ATTENTION_INITS
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 # Bump when the fit changes, so stale on-disk caches are never reused.
@@ -547,16 +551,16 @@ def attention_maps(
 ) -> jax.Array:
   """Softmax attention of block `layer` on block inputs `x_tokens` [B, T, D] or [T, D].
 
-  Mirrors `vit.Attention`: LN1 (with the block's scale/bias) unless `apply_ln=False` (inputs
-  already normalised), qkv with bias, 1/sqrt(d_k) scale. Returns [B, H, T, T] (or [H, T, T]).
+  Runs the ViT's own modules: LN1 (with the block's scale/bias) unless `apply_ln=False` (inputs
+  already normalised), then `vit.Attention` (softmax). Returns [B, H, T, T] (or [H, T, T]).
   """
   block = vit_params[f"block_{layer}"]
   x = jnp.asarray(x_tokens, jnp.float32)
   _head_dim(x.shape[-1], num_heads)
   unbatched = x.ndim == 2
   probs = _block_attention(
-    dict(block.get("ln1", {})) if apply_ln else None,
-    dict(block["attn"]["qkv"]),
+    dict(block["ln1"]) if apply_ln else None,
+    {"qkv": dict(block["attn"]["qkv"]), "out": dict(block["attn"]["out"])},
     x[None] if unbatched else x,
     num_heads=num_heads,
     ln_eps=ln_eps,
@@ -565,14 +569,8 @@ def attention_maps(
 
 
 @functools.partial(jax.jit, static_argnames=("num_heads", "ln_eps"))
-def _block_attention(ln, qkv, x, *, num_heads, ln_eps):
+def _block_attention(ln, attn, x, *, num_heads, ln_eps):
+  """The ViT's own LN1 and Attention modules over the block's parameters."""
   if ln is not None:
-    x = layer_norm(x, ln_eps) * ln.get("scale", 1.0) + ln.get("bias", 0.0)
-  h = jnp.einsum("btd,de->bte", x, qkv["kernel"].astype(jnp.float32), precision=_HIGHEST)
-  if "bias" in qkv:
-    h = h + qkv["bias"].astype(jnp.float32)
-  b, t, three_d = h.shape
-  r = three_d // 3 // num_heads
-  q, k, _ = jnp.transpose(h.reshape(b, t, 3, num_heads, r), (2, 0, 3, 1, 4))
-  logits = jnp.einsum("bhqr,bhkr->bhqk", q * r**-0.5, k, precision=_HIGHEST)
-  return jax.nn.softmax(logits, axis=-1)
+    x = nn.LayerNorm(epsilon=ln_eps).apply({"params": ln}, x)
+  return vit_lib.attention_of(vit_lib.Attention(num_heads=num_heads), {"params": attn}, x)[1]

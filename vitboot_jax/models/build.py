@@ -30,27 +30,29 @@ from vitboot_jax.models.vit import ViT
 CNN_BASELINES = {"resnet50": resnet50, "efficientnet_b2": efficientnet_b2}
 
 
+# config.model fields the agent takes too: it is the ViT's shape with a convolutional stem.
+VIT_SHAPE = ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size")
+
+
+def module_fields(block: ml_collections.ConfigDict) -> dict[str, Any]:
+  """A config block as module fields: they share names, but for two that flax modules own
+  (`name`, here a label for logs; `init`, a module's `init_scheme`)."""
+  fields = block.to_dict()
+  fields.pop("name", None)
+  if "init" in fields:
+    fields["init_scheme"] = fields.pop("init")
+  return fields
+
+
 def build_vit(
   config: ml_collections.ConfigDict, dtype: Any = jnp.float32, kernels: Kernels = XLA
 ) -> ViT:
-  m = config.model
+  fields = module_fields(config.model)
   # Attention initialisers (mimetic, impulse) start from the standard scheme and then rewrite
   # the attention weights on the host (trainer.attention_post_init).
-  init = "standard" if m.init in attention_init.SCHEMES else m.init
-  return ViT(
-    num_classes=config.data.num_classes,
-    patch_size=m.patch_size,
-    embed_dim=m.embed_dim,
-    depth=m.depth,
-    num_heads=m.num_heads,
-    mlp_dim=m.mlp_dim,
-    dropout=m.dropout,
-    ln_eps=m.ln_eps,
-    init_scheme=init,
-    attention=m.attention,
-    dtype=dtype,
-    kernels=kernels,
-  )
+  if fields["init_scheme"] in attention_init.SCHEMES:
+    fields["init_scheme"] = "standard"
+  return ViT(num_classes=config.data.num_classes, dtype=dtype, kernels=kernels, **fields)
 
 
 def build_agent(
@@ -60,24 +62,12 @@ def build_agent(
   dtype: Any = jnp.float32,
   kernels: Kernels = XLA,
 ):
-  m, a = config.model, config.agent
+  fields = module_fields(config.agent)
+  fields["downsample_after"] = tuple(fields["downsample_after"])  # A list in a config.json.
   return Agent(
     num_classes=config.data.num_classes,
-    embed_dim=m.embed_dim,
-    depth=m.depth,
-    num_heads=m.num_heads,
-    mlp_dim=m.mlp_dim,
-    stem=a.stem,
-    stem_channels=a.stem_channels,
-    patch_size=m.patch_size,
-    pre_norm=a.pre_norm,
-    downsample_after=tuple(a.downsample_after),
-    taps=a.taps,
-    mlp_dropout=a.mlp_dropout,
-    residual_dropout=a.residual_dropout,
-    bn_momentum=a.bn_momentum,
-    bn_eps=a.bn_eps,
-    init_scheme=a.init,
+    **{name: config.model[name] for name in VIT_SHAPE},
+    **fields,
     shared=shared,
     dtype=dtype,
     kernels=kernels,

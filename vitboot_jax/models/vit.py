@@ -9,6 +9,7 @@ spelled once in models/sharing.py; a rename here must be made there too.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vitboot_jax.models import common
+from vitboot_jax.models import choices, common
 from vitboot_jax.models.entmax import entmax_bisect
 from vitboot_jax.models.kernels import XLA, Kernels
 
@@ -118,7 +119,11 @@ def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:
       head_kernel=common.zeros,
       head_bias=common.zeros,
     )
-  raise ValueError(f"config.model.init={init!r} is unknown; choose 'official' or 'standard'")
+  raise ValueError(f"config.model.init={init!r} is unknown; choose one of {choices.INITS}")
+
+
+# A flax layer class with the ViT's dtype, kernels and initialisers bound by functools.partial.
+ModuleDef = Any
 
 
 class Attention(nn.Module):
@@ -131,9 +136,8 @@ class Attention(nn.Module):
 
   num_heads: int
   dropout: float = 0.0
-  init_scheme: str = "official"
-  dtype: Any = jnp.float32
   attention: str = "softmax"
+  dense: ModuleDef = nn.Dense
   kernels: Kernels = XLA
 
   @nn.compact
@@ -143,15 +147,7 @@ class Attention(nn.Module):
         f"config.model.attention={self.attention!r} is unknown; choose one of {ATTENTIONS}"
       )
     d = x.shape[-1]
-    inits = _inits(self.init_scheme, d, 1)
-    qkv = nn.Dense(
-      3 * d,
-      kernel_init=inits["dense"],
-      bias_init=common.zeros,
-      dtype=self.dtype,
-      dot_general=self.kernels.dot_general,
-      name="qkv",
-    )(x)
+    qkv = self.dense(3 * d, name="qkv")(x)
     # Split before the head reshape: the gradient is then one concatenation of dQ, dK, dV, not
     # three zero-padded [3, ...] stacks summed in every consumer (docs/performance.md).
     q, k, v = (
@@ -171,7 +167,7 @@ class Attention(nn.Module):
       dropout_rate=self.dropout,
       dropout_key=drop.rng() if use_dropout else None,
       num_rows=q.shape[0],
-      dtype=self.dtype,
+      dtype=q.dtype,
       kernels=self.kernels,
     )
     kernels = self.kernels
@@ -187,14 +183,7 @@ class Attention(nn.Module):
     if probs is not None:
       drop(probs, deterministic=True)  # Exposes the probabilities to capture_intermediates.
     out = einops.rearrange(out, "b h n d -> b n (h d)")
-    return nn.Dense(
-      d,
-      kernel_init=inits["dense"],
-      bias_init=common.zeros,
-      dtype=self.dtype,
-      dot_general=self.kernels.dot_general,
-      name="out",
-    )(out)
+    return self.dense(d, name="out")(out)
 
 
 class Mlp(nn.Module):
@@ -202,24 +191,14 @@ class Mlp(nn.Module):
 
   hidden_dim: int
   dropout: float = 0.0
-  init_scheme: str = "official"
-  dtype: Any = jnp.float32
+  dense: ModuleDef = nn.Dense
   kernels: Kernels = XLA
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
-    inits = _inits(self.init_scheme, x.shape[-1], 1)
-    dense = lambda n, name: nn.Dense(
-      n,
-      kernel_init=inits["dense"],
-      bias_init=inits["mlp_bias"],
-      dtype=self.dtype,
-      dot_general=self.kernels.dot_general,
-      name=name,
-    )
-    h = self.kernels.gelu(dense(self.hidden_dim, "fc1")(x))
+    h = self.kernels.gelu(self.dense(self.hidden_dim, name="fc1")(x))
     h = common.Dropout(self.dropout, kernel=self.kernels.dropout)(h, deterministic=not train)
-    return dense(x.shape[-1], "fc2")(h)
+    return self.dense(x.shape[-1], name="fc2")(h)
 
 
 class EncoderBlock(nn.Module):
@@ -228,43 +207,41 @@ class EncoderBlock(nn.Module):
   num_heads: int
   mlp_dim: int
   dropout: float = 0.0
-  ln_eps: float = 1e-5
-  init_scheme: str = "official"
-  dtype: Any = jnp.float32
   attention: str = "softmax"
+  dense: ModuleDef = nn.Dense
+  mlp_dense: ModuleDef = nn.Dense  # The MLP's biases start apart from the attention's.
+  norm: ModuleDef = nn.LayerNorm
   kernels: Kernels = XLA
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
-    ln = lambda name: nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype, name=name)
     drop = lambda y: common.Dropout(self.dropout, kernel=self.kernels.dropout)(
       y, deterministic=not train
     )
     attn = Attention(
       num_heads=self.num_heads,
       dropout=self.dropout,
-      init_scheme=self.init_scheme,
-      dtype=self.dtype,
       attention=self.attention,
+      dense=self.dense,
       kernels=self.kernels,
       name="attn",
     )
-    x = x + drop(attn(ln("ln1")(x), train=train))
+    x = x + drop(attn(self.norm(name="ln1")(x), train=train))
     mlp = Mlp(
       hidden_dim=self.mlp_dim,
       dropout=self.dropout,
-      init_scheme=self.init_scheme,
-      dtype=self.dtype,
+      dense=self.mlp_dense,
       kernels=self.kernels,
       name="mlp",
     )
-    return x + drop(mlp(ln("ln2")(x), train=train))
+    return x + drop(mlp(self.norm(name="ln2")(x), train=train))
 
 
 class ViT(nn.Module):
   """Returns `(logits, out)`; `out["features"][l]` is block l's output [B, 1+N, D], cls first.
 
   Those block outputs (before the final LayerNorm) are what the official hint loss reads.
+  Fields are config.model's (`init_scheme` is its `init`: flax modules own the name `init`).
   """
 
   num_classes: int
@@ -288,6 +265,14 @@ class ViT(nn.Module):
         f"image size {images.shape[1:3]} is not divisible by config.model.patch_size={p}"
       )
     inits = _inits(self.init_scheme, d, 3 * p * p)
+    dense = functools.partial(
+      nn.Dense,
+      kernel_init=inits["dense"],
+      bias_init=common.zeros,
+      dtype=self.dtype,
+      dot_general=self.kernels.dot_general,
+    )
+    norm = functools.partial(nn.LayerNorm, epsilon=self.ln_eps, dtype=self.dtype)
     x = nn.Conv(
       d,
       (p, p),
@@ -303,28 +288,53 @@ class ViT(nn.Module):
     cls = self.param("cls", inits["cls"], (1, 1, d))
     x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, d)).astype(x.dtype), x], axis=1)
     x = x + self.param("pos_embed", inits["pos"], (1, x.shape[1], d)).astype(x.dtype)
+    block = functools.partial(
+      EncoderBlock,
+      num_heads=self.num_heads,
+      mlp_dim=self.mlp_dim,
+      dropout=self.dropout,
+      attention=self.attention,
+      dense=dense,
+      mlp_dense=functools.partial(dense, bias_init=inits["mlp_bias"]),
+      norm=norm,
+      kernels=self.kernels,
+    )
     features = []
     for layer in range(self.depth):
-      x = EncoderBlock(
-        num_heads=self.num_heads,
-        mlp_dim=self.mlp_dim,
-        dropout=self.dropout,
-        ln_eps=self.ln_eps,
-        init_scheme=self.init_scheme,
-        dtype=self.dtype,
-        attention=self.attention,
-        kernels=self.kernels,
-        name=f"block_{layer}",
-      )(x, train=train)
+      x = block(name=f"block_{layer}")(x, train=train)
       features.append(x)
-    x = nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype, name="norm")(x)
+    x = norm(name="norm")(x)
     pre_logits = x[:, 0]
-    logits = nn.Dense(
+    logits = dense(
       self.num_classes,
       kernel_init=inits["head_kernel"],
       bias_init=inits["head_bias"],
-      dtype=self.dtype,
-      dot_general=self.kernels.dot_general,
       name="head",
     )(pre_logits)
     return logits.astype(jnp.float32), {"features": tuple(features), "pre_logits": pre_logits}
+
+
+def _attention_hook(module: nn.Module, method_name: str) -> bool:
+  """The capture_intermediates filter of Attention's identity dropout over its probabilities."""
+  return (
+    method_name == "__call__"
+    and isinstance(module, common.Dropout)
+    and isinstance(module.parent, Attention)
+  )
+
+
+def attention_of(module: ViT | Attention, variables: Any, x: jax.Array) -> tuple[Any, Any]:
+  """(output, probabilities) of a ViT or an Attention evaluated on `x`.
+
+  The probabilities are the module's own ([B, heads, T, T]; a list per block for a ViT), read
+  through its hook; a fused attention kernel has none to expose, so evaluation runs without one.
+  """
+  kernels = dataclasses.replace(module.kernels, inference_softmax_attention=None)
+  out, state = module.clone(kernels=kernels).apply(
+    variables, x, train=False, capture_intermediates=_attention_hook, mutable=["intermediates"]
+  )
+  probs = lambda tree: tree["Dropout_0"]["__call__"][0]
+  inter = state["intermediates"]
+  if isinstance(module, Attention):
+    return out, probs(inter)
+  return out, [probs(inter[f"block_{layer}"]["attn"]) for layer in range(module.depth)]

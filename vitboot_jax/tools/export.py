@@ -56,12 +56,7 @@ def read_run(workdir: str, step: int | None = None) -> Run:
   from vitboot_jax import checkpoint
 
   root = epath.Path(workdir)
-  config_file = root / workdirs.CONFIG_FILE
-  if not config_file.exists():
-    raise errors.WorkdirError(
-      f"--workdir={workdir} has no {workdirs.CONFIG_FILE}: give the workdir of a training run"
-    )
-  config = ml_collections.ConfigDict(json.loads(config_file.read_text()))
+  config = workdirs.read_config(workdir)
   directory = root / workdirs.CHECKPOINT_SUBDIR
   steps = checkpoint.complete_steps(directory)
   if not steps:

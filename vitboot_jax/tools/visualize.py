@@ -1,25 +1,26 @@
 r"""Attention and feature-map figures of a run, as the paper's appendix.
 
-  python -m vitboot_jax.tools.visualize --config=configs/quickstart.py --out=/tmp/vis \
-    --workdir=workdirs/quickstart --num_images=4
+  python -m vitboot_jax.tools.visualize --workdir=workdirs/quickstart --num_images=4
   python -m vitboot_jax.tools.visualize --config=configs/quickstart.py --out=/tmp/vis \
     --images=cat.png,dog.jpg          # Freshly initialised model (seeded by config.seed).
 
-Writes into --out, for every ViT block l: `attention_layer{l}.png` (per image: the input, the
-cls token's attention over the patch grid averaged over heads, and the two overlaid),
-`attention_heads_layer{l}.png` (the first image and each head's cls attention),
+A run is read with its own config (RUN/config.json: model, data and all) and its newest
+checkpoint; --config instead shows the fresh initialisation of a config. Writes into --out
+(default with --workdir: RUN/figures), for every ViT block l: `attention_layer{l}.png` (per
+image: the input, the cls token's attention over the patch grid averaged over heads, and the two
+overlaid), `attention_heads_layer{l}.png` (the first image and each head's cls attention),
 `features_vit_layer{l}.png` and, for every agent block, `features_agent_layer{l}.png` (per image:
 input, the L2 norm over channels of the block output at each position, overlay); plus
 `index.json` naming the files. With matplotlib (the [plot] extra) every figure has a title, axis
 labels and colour bars in the maps' own units; without it the PNGs are plain tiles, every map
-min-max normalised on its own and coloured with a viridis-like table. The attention is
-recomputed from each block's input (the previous block's output, or the embedded patches for
-block 0) with the block's own LN1 and Q/K weights.
+min-max normalised on its own and coloured with a viridis-like table. The attention is the
+model's own, read from its forward pass (models/vit.attention_of).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -37,15 +38,15 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from vitboot_jax import checkpoint, configlib, progress, sharding
+from vitboot_jax import checkpoint, cli, configlib, errors, progress, sharding, workdirs
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.data import device_preprocess, input_pipeline, preprocess
-from vitboot_jax.models.attention_init import attention_maps
+from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.build import ModelSet
-from vitboot_jax.models.entmax import entmax_bisect
 from vitboot_jax.state import TrainState
 
 INDEX_FILE = "index.json"
+FIGURES_SUBDIR = "figures"  # Where a run's figures go by default: RUN/figures.
 # Smallest side of one tile in a figure: a 32-px image or a 4x4 token map is unreadable as is.
 MIN_TILE = 128
 HEAD_COLUMNS = 5
@@ -130,6 +131,7 @@ def save_png(path: str | os.PathLike, image: np.ndarray) -> None:
 class Visualisation:
   """What `run` computed and wrote; the maps let callers check them without decoding PNGs."""
 
+  out_dir: str  # Where the figures and index.json were written.
   step: int | None  # The checkpoint's step, or None for a fresh initialisation.
   files: list[str]  # Names (relative to the output directory) of the PNGs written.
   image_names: list[str]  # Where each image came from (eval split index or file path).
@@ -159,14 +161,14 @@ def load_variables(
     return {"params": state.params, "batch_stats": state.batch_stats}, None
   ckpt_dir = epath.Path(workdir) / checkpoint.CHECKPOINT_SUBDIR
   if not ckpt_dir.exists():  # Checked first: the Checkpointer would create the directory.
-    raise FileNotFoundError(
+    raise errors.WorkdirError(
       f"--workdir={workdir} has no {checkpoint.CHECKPOINT_SUBDIR}/; train there first, or "
-      "leave --workdir out to look at the freshly initialised model"
+      "give --config instead to look at the freshly initialised model"
     )
   with checkpoint.Checkpointer(workdir, keep=None, async_save=False, read_only=True) as ckpt:
     restored = ckpt.restore_latest(trainer.abstract_state)
   if restored is None:
-    raise FileNotFoundError(f"{ckpt_dir} holds no complete checkpoint to visualise")
+    raise errors.WorkdirError(f"{ckpt_dir} holds no complete checkpoint to visualise")
   state, step = restored
   return {"params": state.params, "batch_stats": state.batch_stats}, int(step)
 
@@ -213,45 +215,6 @@ def denormalise(config: ml_collections.ConfigDict, images: np.ndarray) -> np.nda
 # Maps.
 
 
-def embed_patches(vit_params: dict[str, Any], images: jax.Array, patch_size: int) -> jax.Array:
-  """Block 0's input [B, 1+N, D]: patch embedding, cls token first, plus position embedding.
-
-  Mirrors `ViT.__call__` up to the first block (row-major patches, as the model flattens them).
-  """
-  conv = vit_params["patch_embed"]
-  x = jax.lax.conv_general_dilated(
-    jnp.asarray(images, jnp.float32),
-    jnp.asarray(conv["kernel"], jnp.float32),
-    window_strides=(patch_size, patch_size),
-    padding="VALID",
-    dimension_numbers=("NHWC", "HWIO", "NHWC"),
-    precision=jax.lax.Precision.HIGHEST,
-  )
-  x = x + conv["bias"]
-  b, gh, gw, d = x.shape
-  x = x.reshape(b, gh * gw, d)
-  cls = jnp.broadcast_to(jnp.asarray(vit_params["cls"], jnp.float32), (b, 1, d))
-  return jnp.concatenate([cls, x], axis=1) + vit_params["pos_embed"]
-
-
-def block_attention(
-  vit_params: dict[str, Any], block_input: jax.Array, layer: int, config: ml_collections.ConfigDict
-) -> jax.Array:
-  """Block `layer`'s attention probabilities [B, heads, T, T] given its input tokens.
-
-  Entmax models: `attention_maps` gives the softmax of the same logits, whose log equals the
-  logits up to a per-row constant; alpha-entmax ignores such constants, so applying it to the
-  log gives the model's own sparse attention.
-  """
-  m = config.model
-  probs = attention_maps(vit_params, block_input, m.num_heads, layer, ln_eps=m.ln_eps)
-  if m.attention == "entmax":
-    alpha = vit_params[f"block_{layer}"]["attn"]["entmax_alpha"]
-    tiny = jnp.finfo(jnp.float32).tiny
-    probs = entmax_bisect(jnp.log(jnp.maximum(probs, tiny)), alpha, axis=-1)
-  return probs
-
-
 def _channel_norm(x: jax.Array) -> np.ndarray:
   """L2 norm over the last (channel) axis; a plain channel mean of signed features cancels out."""
   return np.asarray(jnp.linalg.norm(jnp.asarray(x, jnp.float32), axis=-1))
@@ -275,18 +238,16 @@ def compute_maps(
   names = tuple(n for n in ("vit", "agent") if n in models.names)
   if not names:
     raise ValueError(f"config.mode={config.mode!r} has neither a ViT nor an agent to visualise")
-  forward = jax.jit(lambda v, x: models.apply(v, x, train=False, names=names)[0])
-  outputs = forward(variables, jnp.asarray(images))
+  images = jnp.asarray(images)
   attention, vit_maps, agent_maps = [], [], []
-  if "vit" in outputs:
-    vit_params = variables["params"]["vit"]
-    features = outputs["vit"][1]["features"]
-    inputs = [embed_patches(vit_params, images, config.model.patch_size), *features[:-1]]
-    for layer, block_input in enumerate(inputs):
-      attention.append(np.asarray(block_attention(vit_params, block_input, layer, config)))
-    vit_maps = [_tokens_to_grid(_channel_norm(f[:, 1:])) for f in features]
-  if "agent" in outputs:
-    agent_maps = [_channel_norm(f) for f in outputs["agent"][1]["features"]]
+  if "vit" in names:
+    forward = jax.jit(functools.partial(vit_lib.attention_of, models.vit))
+    (_, out), probs = forward({"params": variables["params"]["vit"]}, images)
+    attention = [np.asarray(p) for p in probs]
+    vit_maps = [_tokens_to_grid(_channel_norm(f[:, 1:])) for f in out["features"]]
+  if "agent" in names:
+    forward = jax.jit(lambda v, x: models.apply(v, x, train=False, names=("agent",))[0])
+    agent_maps = [_channel_norm(f) for f in forward(variables, images)["agent"][1]["features"]]
   return attention, vit_maps, agent_maps
 
 
@@ -478,13 +439,29 @@ def write_figures(
 
 
 def run(
-  config: ml_collections.ConfigDict,
-  out_dir: str,
+  config: ml_collections.ConfigDict | None,
+  out_dir: str | None = None,
   workdir: str | None = None,
   num_images: int = 4,
   image_files: Sequence[str] | None = None,
 ) -> Visualisation:
-  """Loads the model (checkpoint or fresh init), computes the maps and writes the figures."""
+  """Loads the model, computes the maps and writes the figures.
+
+  Either `workdir` (a run: its config.json and newest checkpoint; figures by default in
+  RUN/figures) or `config` (its fresh initialisation; `out_dir` required).
+  """
+  if workdir is not None and config is not None:
+    raise errors.UsageError(
+      "--workdir is read with the run's own config (RUN/config.json): leave --config out (or "
+      "--workdir, to see --config's fresh init)"
+    )
+  if workdir is None and config is None:
+    raise errors.UsageError("give --workdir=RUN (a trained run) or --config=FILE (a fresh init)")
+  if workdir is not None:
+    config = workdirs.read_config(workdir)
+    out_dir = out_dir or os.path.join(workdir, FIGURES_SUBDIR)
+  elif not out_dir:
+    raise errors.UsageError("--config shows a fresh init: give --out=DIR for its figures")
   config = _inspection_config(config)
   configlib.validate(config)
   # The optimizer state's tree does not depend on the schedule's length, so one step per epoch
@@ -512,6 +489,7 @@ def run(
   with tf.io.gfile.GFile(os.path.join(out_dir, INDEX_FILE), "w") as f:
     f.write(json.dumps(index, indent=2) + "\n")
   return Visualisation(
+    out_dir=out_dir,
     step=step,
     files=files,
     image_names=image_names,
@@ -537,10 +515,14 @@ def define_flags() -> None:
   """Defines this tool's flags; called only when it runs as a program, so several tools can be
   imported into one process (tests) without their flag names colliding."""
   global _CONFIG, _OUT, _WORKDIR, _NUM_IMAGES, _IMAGES
-  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
-  _OUT = flags.DEFINE_string("out", None, "Directory for the PNGs and index.json.")
+  _CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file (configs/*.py[:args]) to show freshly initialised."
+  )
+  _OUT = flags.DEFINE_string(
+    "out", None, f"Directory for the PNGs and index.json; default: RUN/{FIGURES_SUBDIR}."
+  )
   _WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Run directory whose newest checkpoint to load; default: fresh init."
+    "workdir", None, "A run: its config.json and newest checkpoint (read only)."
   )
   _NUM_IMAGES = flags.DEFINE_integer("num_images", 4, "How many eval images to show.")
   _IMAGES = flags.DEFINE_list("images", None, "Image files to show instead of eval images.")
@@ -550,12 +532,14 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   progress.quiet_libraries()  # Restoring a checkpoint logs ~25 orbax INFO lines.
-  result = run(_CONFIG.value, _OUT.value, _WORKDIR.value, _NUM_IMAGES.value, _IMAGES.value)
+  try:
+    result = run(_CONFIG.value, _OUT.value, _WORKDIR.value, _NUM_IMAGES.value, _IMAGES.value)
+  except errors.UsageError as error:
+    cli.fail(str(error))
   source = "fresh init" if result.step is None else f"checkpoint step {result.step}"
-  print(f"Wrote {len(result.files)} figures ({source}) and {INDEX_FILE} to {_OUT.value}")
+  print(f"Wrote {len(result.files)} figures ({source}) and {INDEX_FILE} to {result.out_dir}")
 
 
 if __name__ == "__main__":
   define_flags()
-  flags.mark_flags_as_required(["config", "out"])
   app.run(main)
