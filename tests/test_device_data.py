@@ -220,6 +220,16 @@ def test_too_large_a_dataset_fails_before_training(npz_dir, monkeypatch):
   assert "GiB free" in message and "\n" not in message
 
 
+def test_a_wrong_stored_size_is_named_as_the_arrays_load(npz_dir):
+  config = _config(npz_dir, stored_size=28)  # Below image_size: the steps would resize from 28.
+  config.image_size = 64
+  with pytest.raises(errors.ConfigError) as info:
+    device_data.DeviceDataset(config, sharding.make_mesh())
+  message = str(info.value)
+  assert f"{npz_dir / 'train.npz'} are 32x32, not 28x28" in message and "\n" not in message
+  assert "stored_size=0" in message
+
+
 def test_device_pipeline_refuses_augmentations_it_lacks(npz_dir):
   config = _config(npz_dir, augment="imagenet")
   with pytest.raises(errors.ConfigError, match="pipeline=tfdata"):
