@@ -56,10 +56,12 @@ def batch_at(
   steps_per_epoch: int,
   batch_sharding: jax.sharding.Sharding | None = None,
 ) -> Batch:
-  """The training batch of (0-based) `step`: {"image": uint8 [B, s, s, 3], "label": int32 [B]}.
+  """The training batch of (0-based) `step`: {"image": [B, ...], "label": int32 [B]}.
 
-  Jittable; `data` is `load`'s train arrays. The images are the augmented crops at the stored
-  size, which the train step resizes and normalises (device_preprocess.make_prepare).
+  Jittable; `data` is DeviceDataset's train arrays. The images are the augmented crops: uint8
+  at the stored size, which the train step resizes and normalises (device_preprocess.
+  make_prepare), or for config.data.augment="imagenet" the normalised random-resized crops,
+  float32 at config.image_size.
   """
   num = data["label"].shape[0]
   step = jnp.asarray(step, jnp.int32)
