@@ -162,3 +162,27 @@ def test_kernel_ab_compiles_the_new_variant_with_xla_options():
     )
   with pytest.raises(ValueError, match="is not name=value"):
     kernel_ab.parse_options(["xla_cpu_use_xnnpack"])
+
+
+@pytest.mark.slow
+def test_benchmark_times_the_device_pipelines_evaluation_without_tensorflow(image_folder):
+  from tests import without_tensorflow
+  from tests.runs import env
+
+  code = (
+    "import json\n"
+    "from tests.config_files import load_config\n"
+    "from vitboot_jax.tools.perf import benchmark\n"
+    "config = load_config('tiny_config', 'mode=vit')\n"
+    f"config.data.update(dir={str(image_folder)!r}, pipeline='device')\n"
+    "lines = benchmark.run(config, batch=16, steps=1, warmup=0, modes=('vit',), peak_size=128,\n"
+    "                      loop_steps=2, eval_split=True, emit=lambda line: None)\n"
+    "print(json.dumps([lines[1], 'tensorflow' in sys.modules]))\n"
+  )
+  proc = without_tensorflow.run(code, env=env(8))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  row, imported_tf = json.loads(proc.stdout.splitlines()[-1])
+  assert not imported_tf
+  assert row["eval_images"] == 40  # Every test image once, the device batches' padding masked.
+  assert row["eval_img_per_s"] == 40 / row["eval_s"] and row["eval_s_first"] > 0
+  assert row["loop_step_s"] > 0

@@ -220,10 +220,50 @@ def test_too_large_a_dataset_fails_before_training(npz_dir, monkeypatch):
   assert "GiB free" in message and "\n" not in message
 
 
+def test_a_wrong_stored_size_is_named_as_the_arrays_load(npz_dir):
+  config = _config(npz_dir, stored_size=28)  # Below image_size: the steps would resize from 28.
+  config.image_size = 64
+  with pytest.raises(errors.ConfigError) as info:
+    device_data.DeviceDataset(config, sharding.make_mesh())
+  message = str(info.value)
+  assert f"{npz_dir / 'train.npz'} are 32x32, not 28x28" in message and "\n" not in message
+  assert "stored_size=0" in message
+
+
 def test_device_pipeline_refuses_augmentations_it_lacks(npz_dir):
-  config = _config(npz_dir, augment="imagenet")
+  configlib.validate(_config(npz_dir, augment="imagenet", normalisation="imagenet"))
+  config = _config(npz_dir, augment="autoaugment")
   with pytest.raises(errors.ConfigError, match="pipeline=tfdata"):
     configlib.validate(config)
+
+
+def test_imagenet_batches_are_random_resized_crops_keyed_by_seed_epoch_and_index(npz_dir):
+  config = _config(npz_dir, augment="imagenet", normalisation="imagenet")
+  config.image_size = 24  # Below the stored 32: the crops shrink or grow by their box.
+  mesh = sharding.make_mesh()
+  dataset, batch_at = _place(config, mesh)
+  _, raw_batch_at = _place(_config(npz_dir, augment="none"), mesh)
+  step = dataset.info.steps_per_epoch + 2
+  got = jax.device_get(batch_at(dataset.train, step))
+  plain = jax.device_get(raw_batch_at(dataset.train, step))
+  assert got["image"].dtype == np.float32 and got["image"].shape == (16, 24, 24, 3)
+  np.testing.assert_array_equal(got["label"], plain["label"])
+  key = device_data.stream_key(config.seed, device_data.AUGMENT_STREAM, 1)
+  lookup = {im.tobytes(): i for i, im in enumerate(jax.device_get(dataset.train["image"]))}
+  index = np.asarray(jax.device_get(dataset.train["index"]))
+  rows = [lookup[image.tobytes()] for image in plain["image"]]
+  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(index[rows]))
+  want = jax.jit(device_preprocess.make_augment(config))(jnp.asarray(plain["image"]), keys)
+  np.testing.assert_allclose(got["image"], np.asarray(want), rtol=0, atol=1e-5)
+  # Evaluation: the recipe's resize and centre crop, on the devices.
+  batch = next(dataset.eval_batches())
+  images = jax.jit(device_preprocess.make_prepare(config))(batch["image"])
+  assert batch["image"].dtype == jnp.uint8 and images.shape == (
+    config.data.eval_batch_size,
+    24,
+    24,
+    3,
+  )
 
 
 def test_data_record_and_test_split_check_need_no_tensorflow(image_folder, npz_dir, tmp_path):

@@ -1,4 +1,7 @@
-"""On-device upscaling: the host ships uint8 crops at their stored size, the steps resize them."""
+"""On-device image ops: uint8 crops the host ships resized in the steps, and the ImageNet recipe's
+random-resized crops and eval transform of the device pipeline, against the tf.data ones."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from vitboot_jax import configlib, errors, evaluate, optim, steps
-from vitboot_jax.data import device_preprocess, input_pipeline
+from vitboot_jax.data import device_preprocess, input_pipeline, preprocess
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 
@@ -106,3 +109,114 @@ def test_benchmark_input_reports_the_shipped_stream(noisy_folder):
   assert row["image_shape"] == [32, 32, 3] and row["batch"] == 4 and row["img_per_s"] > 0
   row = benchmark_input.measure(make_config(noisy_folder, stored_size=0), batches=1, warmup=0)
   assert row["bytes_per_image"] == 224 * 224 * 3 * 4 and row["dtype"] == "float32"
+
+
+# ---------------------------------------------------------------------------------------------
+# The ImageNet recipe on the device (config.data.pipeline="device").
+
+
+def test_the_device_recipes_constants_are_the_hosts():
+  for name in ("CIFAR_PAD", "IMAGENET_SCALE", "IMAGENET_RATIO", "IMAGENET_ATTEMPTS"):
+    assert getattr(device_preprocess, name) == getattr(preprocess, name), name
+
+
+def test_resized_crops_are_the_hosts_crop_then_resize():
+  """Every kind of box: shrink, enlarge, one of each, the whole image; mirrored or not."""
+  image = np.random.default_rng(1).integers(0, 256, (40, 48, 3), dtype=np.uint8)
+  crop = jax.jit(device_preprocess.resized_crop, static_argnums=2)
+  boxes = [((3, 5, 30, 20), 16), ((0, 0, 40, 48), 64), ((10, 7, 12, 30), 24), ((1, 2, 8, 6), 32)]
+  for box, size in boxes + [((0, 0, 40, 48), 40), ((39, 47, 1, 1), 8)]:
+    cut = tf.slice(image, [box[0], box[1], 0], [box[2], box[3], 3])
+    want = preprocess.resize(preprocess.to_float(cut), size, size).numpy()
+    for flip in (False, True):
+      got = crop(jnp.asarray(image), jnp.asarray(box), size, jnp.asarray(flip))
+      expected = want[:, ::-1] if flip else want
+      np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5, err_msg=f"{box} {flip}")
+
+
+def _boxes(draws, height, width, scale=device_preprocess.IMAGENET_SCALE):
+  """(tf.data's boxes, the device's boxes): int [draws, 4] of (top, left, height, width)."""
+  host = next(
+    tf.data.Dataset.range(draws)
+    .map(
+      lambda i: tf.stack(
+        preprocess.random_resized_crop_box(height, width, preprocess.example_seed(0, 0, i))
+      )
+    )
+    .batch(draws)
+    .as_numpy_iterator()
+  )
+  keys = jax.random.split(jax.random.key(1), draws)
+  box = functools.partial(
+    device_preprocess.random_resized_crop_box, height=height, width=width, scale=scale
+  )
+  return host, np.asarray(jax.jit(jax.vmap(box))(keys))
+
+
+def test_crop_area_and_aspect_match_the_tfdata_distribution():
+  """Two-sample KS tests on 4000 boxes each; 56x32 makes a third of the draws the fallback."""
+  from scipy import stats
+
+  height, width, draws = 32, 56, 4000
+  host, device = _boxes(draws, height, width)
+
+  def summary(boxes):
+    area = boxes[:, 2] * boxes[:, 3] / (height * width)
+    aspect = boxes[:, 3] / boxes[:, 2]
+    # Where the box lies in the room it leaves (0.5: centred, as the fallback is).
+    room = np.maximum(1, np.array([height, width]) - boxes[:, 2:])
+    return area, aspect, boxes[:, :2] / room
+
+  (area, aspect, where), (area_d, aspect_d, where_d) = summary(host), summary(device)
+  for name, a, b in (("area", area, area_d), ("aspect", aspect, aspect_d)):
+    assert stats.ks_2samp(a, b).pvalue > 1e-3, name
+  for axis in (0, 1):
+    assert stats.ks_2samp(where[:, axis], where_d[:, axis]).pvalue > 1e-3
+  fallback = (height, round(height * 4 / 3))  # 32x43: no box fitted, the centre crop.
+  shares = [np.mean((b[:, 2] == fallback[0]) & (b[:, 3] == fallback[1])) for b in (host, device)]
+  assert 0.25 < shares[0] < 0.4 and abs(shares[0] - shares[1]) < 0.04, shares
+  assert np.all(device[:, :2] >= 0) and np.all(device[:, :2] + device[:, 2:] <= (height, width))
+  # Rounded sides: a little below 60% of the area and outside 3/4..4/3 on 32 px.
+  assert area_d.min() > 0.55 and aspect_d.min() > 0.7 and aspect_d.max() < 1.4
+  # The test can fail: a scale range of (0.3, 1) is told apart from the recipe's (0.6, 1).
+  _, wide = _boxes(draws, height, width, scale=(0.3, 1.0))
+  assert stats.ks_2samp(area, summary(wide)[0]).pvalue < 1e-6
+
+
+def test_no_box_fits_falls_back_to_the_centre_crop():
+  """8x64: every box of at least 60% of the area is too tall; both pipelines crop 8x11."""
+  host, device = _boxes(50, 8, 64)
+  want = [0, (64 - 11) // 2, 8, 11]
+  assert (host == want).all() and (device == want).all()
+
+
+def _imagenet_config(root, image_size):
+  c = make_config(root, stored_size=0, image_size=image_size)
+  c.data.update(augment="imagenet", normalisation="imagenet")
+  return c
+
+
+@pytest.mark.parametrize("stored", [(40, 48), (24, 20), (32, 32)])
+def test_imagenet_eval_transform_on_device_is_the_hosts(stored):
+  """Stored uint8 images -> short side to 37 (for 32 px), centre crop, normalised."""
+  config = _imagenet_config("unused", image_size=32)
+  images = np.random.default_rng(2).integers(0, 256, (3, *stored, 3), dtype=np.uint8)
+  want = np.stack([preprocess.make_eval_fn(config)(im).numpy() for im in images])
+  got = jax.jit(device_preprocess.make_prepare(config))(jnp.asarray(images))
+  assert got.shape == (3, 32, 32, 3)
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_imagenet_augment_is_normalised_crops_at_the_image_size():
+  config = _imagenet_config("unused", image_size=24)
+  images = np.random.default_rng(3).integers(0, 256, (4, 40, 48, 3), dtype=np.uint8)
+  keys = jax.random.split(jax.random.key(0), 4)
+  got = jax.jit(device_preprocess.make_augment(config))(jnp.asarray(images), keys)
+  assert got.dtype == jnp.float32 and got.shape == (4, 24, 24, 3)
+  crops = [
+    device_preprocess.random_resized_crop_flip(jnp.asarray(im), k, 24)
+    for im, k in zip(images, keys)
+  ]
+  mean, std = configlib.NORMALISATION["imagenet"]
+  np.testing.assert_allclose(got, (np.stack(crops) - mean) / std, rtol=0, atol=1e-5)
+  assert device_preprocess.make_prepare(config)(got) is got  # The step does not touch them again.

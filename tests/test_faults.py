@@ -4,6 +4,7 @@ The end-to-end tests re-run the same command after every fault, as a user would,
 with the uninterrupted run of the same config (conftest's `uninterrupted`).
 """
 
+import functools
 import json
 import os
 import signal
@@ -470,8 +471,8 @@ def test_unsupported_files_are_counted_and_named(data_copy, caplog):
 def test_a_bad_test_image_stops_the_run_before_training(data_copy, damage, pipeline):
   import tensorflow as tf
 
-  from vitboot_jax import errors
-  from vitboot_jax.data import sources
+  from vitboot_jax import errors, sharding
+  from vitboot_jax.data import feeds, sources
 
   config = _tiny_config(data_copy)
   config.data.pipeline = pipeline  # Suspects are decoded by TensorFlow or by PIL.
@@ -485,8 +486,12 @@ def test_a_bad_test_image_stops_the_run_before_training(data_copy, damage, pipel
     bad.write_bytes(b"")
   else:
     bad.write_bytes(tf.io.encode_png(np.zeros((40, 36, 3), np.uint8)).numpy())
+  if pipeline == "tfdata":
+    check = functools.partial(sources.check_split, config, "test")
+  else:  # Loading decodes every image and checks its size: train.py checks nothing after it.
+    check = functools.partial(feeds.open_feed, config, sharding.make_mesh())
   with pytest.raises(errors.UsageError) as info:  # main: one line, exit 2.
-    sources.check_split(config, "test")
+    check()
   message = str(info.value)
   assert str(bad) in message and "\n" not in message
   if damage == "wrong size":

@@ -30,7 +30,7 @@ ALIGN_GRANULARITIES = ("global", "per_leaf")  # align.py
 # Where batches are made: tf.data on the host, or gathered and augmented in the jitted step from
 # the dataset held on the devices (device_data.py; augmentations it implements: DEVICE_AUGMENTS).
 PIPELINES = ("tfdata", "device")
-DEVICE_AUGMENTS = ("cifar", "none")
+DEVICE_AUGMENTS = ("cifar", "imagenet", "none")
 
 # Official per-dataset normalisation (the CIFAR-100 std reuses CIFAR-10's, as the official code).
 NORMALISATION = {

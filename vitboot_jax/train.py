@@ -148,7 +148,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   info = feed.info
   data_record = sources.data_fingerprint(config, info)
   workdirs.check_data(workdir, data_record)  # No resume on other data.
-  sources.check_split(config, config.data.eval_split)  # Bad test images fail now.
+  feed.check_eval_split()  # Bad test images fail now.
   steps_per_epoch = info.steps_per_epoch
   total_steps = _total_steps(config, steps_per_epoch)
   trainer = trainer_lib.build(config, mesh, steps_per_epoch)

@@ -56,10 +56,12 @@ def batch_at(
   steps_per_epoch: int,
   batch_sharding: jax.sharding.Sharding | None = None,
 ) -> Batch:
-  """The training batch of (0-based) `step`: {"image": uint8 [B, s, s, 3], "label": int32 [B]}.
+  """The training batch of (0-based) `step`: {"image": [B, ...], "label": int32 [B]}.
 
-  Jittable; `data` is `load`'s train arrays. The images are the augmented crops at the stored
-  size, which the train step resizes and normalises (device_preprocess.make_prepare).
+  Jittable; `data` is DeviceDataset's train arrays. The images are the augmented crops: uint8
+  at the stored size, which the train step resizes and normalises (device_preprocess.
+  make_prepare), or for config.data.augment="imagenet" the normalised random-resized crops,
+  float32 at config.image_size.
   """
   num = data["label"].shape[0]
   step = jnp.asarray(step, jnp.int32)
@@ -96,12 +98,19 @@ def feeding(
 def read_split(
   config: ml_collections.ConfigDict, split: str, *, subset: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(images uint8 [N, H, W, 3], labels, index in the split) of a split on the host."""
+  """(images uint8 [N, H, W, 3], labels, index in the split) of a split on the host, checked:
+  every image decodes and has config.data.stored_size (a bad one is named, before training)."""
   if config.data.name in sources.ARRAY_SOURCES:
-    return sources.split_arrays(config, split, subset)
-  from vitboot_jax.data import input_pipeline  # tfds: TensorFlow decodes.
+    arrays = sources.split_arrays(config, split, subset)
+  else:
+    from vitboot_jax.data import input_pipeline  # tfds: TensorFlow decodes.
 
-  return input_pipeline.split_arrays(config, split, subset=subset)
+    arrays = input_pipeline.split_arrays(config, split, subset=subset)
+  where = f"{config.data.name} split {split!r}"
+  if config.data.name == "npz":
+    where = sources.npz_path(config.data.dir, split)
+  sources.check_stored_size(config, arrays[0], where)  # A folder's files were named as read.
+  return arrays
 
 
 def free_bytes(device: jax.Device) -> int:

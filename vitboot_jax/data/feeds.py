@@ -2,10 +2,11 @@
 
 `open_feed(config, mesh)` gives the run's `info` (sizes), `train(start_step)`: a function
 `next_input(n)` giving the second argument of the jitted call of the next n steps from
-`start_step` on, and `eval_batches()`: one evaluation's global batches. With
-config.data.pipeline="tfdata" the input is the next host batch split over the mesh (n == 1) or the
-next n stacked [n, B, ...]; with "device" it is the same on-device dataset every call
-(device_data.feeding makes each batch inside the step). Only the tf.data feed imports TensorFlow.
+`start_step` on, `eval_batches()`: one evaluation's global batches, and `check_eval_split()`:
+a bad test image fails before training. With config.data.pipeline="tfdata" the input is the next
+host batch split over the mesh (n == 1) or the next n stacked [n, B, ...]; with "device" it is the
+same on-device dataset every call (device_data.feeding makes each batch inside the step), and
+every image was decoded and checked as it was loaded. Only the tf.data feed imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jax
 import ml_collections
 
 from vitboot_jax import sharding
+from vitboot_jax.data import sources
 from vitboot_jax.data.sources import DatasetInfo
 
 
@@ -48,6 +50,10 @@ class TfDataFeed:
     local = self._pipeline.numpy_batches(self._eval_dataset, self._config, split)
     return (sharding.global_batch(b, self._mesh) for b in local)
 
+  def check_eval_split(self) -> None:
+    """Fails now on a bad test image (sources.check_split), not at the first evaluation."""
+    sources.check_split(self._config, self._config.data.eval_split)
+
 
 class DeviceFeed:
   """The dataset on the devices (device_data.py): nothing is transferred after start-up."""
@@ -67,8 +73,11 @@ class DeviceFeed:
   def eval_batches(self) -> Iterator[dict[str, jax.Array]]:
     return self._dataset.eval_batches()
 
+  def check_eval_split(self) -> None:
+    """Nothing left to check: loading decoded every image and checked its size."""
 
-Feed = TfDataFeed | DeviceFeed  # Either: info, train(start_step), eval_batches().
+
+Feed = TfDataFeed | DeviceFeed  # Either: info, train, eval_batches, check_eval_split.
 
 
 def open_feed(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Feed:

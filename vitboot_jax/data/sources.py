@@ -217,8 +217,9 @@ def read_image(path: str) -> np.ndarray:
     return np.asarray(image.convert("RGB"), dtype=np.uint8)
 
 
-def read_images(paths: np.ndarray, threads: int | None = None) -> np.ndarray:
-  """uint8 [N, H, W, 3] of same-sized images; an unreadable or odd-sized file is named."""
+def read_images(paths: np.ndarray, threads: int | None = None, stored: int = 0) -> np.ndarray:
+  """uint8 [N, H, W, 3] of same-sized images; an unreadable or odd-sized file is named, and with
+  `stored` (configlib.device_resize_from) every image not `stored` square."""
   if not len(paths):
     return np.zeros([0, 0, 0, 3], np.uint8)
 
@@ -236,6 +237,14 @@ def read_images(paths: np.ndarray, threads: int | None = None) -> np.ndarray:
     raise UnreadableImageError(
       unreadable_message([p for p, _ in bad], f"it is not a complete JPEG/PNG image: {why}")
     )
+  if stored:
+    wrong = [
+      f"{p} ({image.shape[0]}x{image.shape[1]})"
+      for p, image in zip(paths.tolist(), images)
+      if image.shape[:2] != (stored, stored)
+    ]
+    if wrong:
+      raise errors.ConfigError(wrong_size_message(stored, wrong))
   shape = images[0].shape
   odd = [p for p, image in zip(paths.tolist(), images) if image.shape != shape]
   if odd:
@@ -264,6 +273,16 @@ def wrong_size_message(stored: int, wrong: list[str]) -> str:
     f"config.data.stored_size={stored} but image file {first}{more} is not {stored}x{stored}; "
     + STORED_SIZE_FIX
   )
+
+
+def check_stored_size(config: ml_collections.ConfigDict, images: np.ndarray, where: str) -> None:
+  """Fails unless a split read as one array (`where`: its file or name) is stored_size square."""
+  stored = configlib.device_resize_from(config)
+  if stored and images.shape[1:3] != (stored, stored):
+    raise errors.ConfigError(
+      f"config.data.stored_size={stored} but the images of {where} are "
+      f"{images.shape[1]}x{images.shape[2]}, not {stored}x{stored}; " + STORED_SIZE_FIX
+    )
 
 
 def _unreadable_by_pil(paths: list[str]) -> str | None:
@@ -508,4 +527,5 @@ def split_arrays(
   index = np.arange(len(labels), dtype=np.int64)
   if subset:
     index = subset_indices(labels, config.data.train_fraction)
-  return read_images(paths[index]), labels[index], index
+  stored = configlib.device_resize_from(config)
+  return read_images(paths[index], stored=stored), labels[index], index

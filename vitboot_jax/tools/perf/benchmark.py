@@ -25,9 +25,9 @@ Output, one JSON object per line:
      input_pipeline.train_batches, transfer to the mesh, the step, the metrics fetched every
      config.log_every_steps), and "loop_data_s", the part of it spent waiting for batches.
      With --eval: "eval_img_per_s", a full evaluation of config.data.eval_split as train.py
-     runs it (input_pipeline.eval_dataset, evaluate.evaluate; first pass decodes, the second
-     reads the cache: both reported), and "eval_forward_img_per_s", the eval step alone on a
-     synthetic batch of data.eval_batch_size.
+     runs it (the feed of config.data.pipeline, evaluate.evaluate; two passes, both reported:
+     tf.data's first decodes, the second reads its cache), and "eval_forward_img_per_s", the
+     eval step alone on a synthetic batch of data.eval_batch_size.
   3. {"summary": ...}: shared/ViT step-time and MACs ratios and the Align overhead (%).
 """
 
@@ -312,8 +312,9 @@ def eval_forward(step: CompiledStep) -> tuple[Any, Callable[[], Any]]:
 
 
 def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
-  """A full evaluation of the eval split as train.py runs it (twice: decode, then cache)."""
-  from vitboot_jax.data import input_pipeline  # TensorFlow only when real data is asked for.
+  """A full evaluation of the eval split as train.py runs it, from config.data.pipeline's feed
+  (twice: tf.data decodes, then reads its cache; the device slicer compiles, then runs)."""
+  from vitboot_jax.data import feeds  # TensorFlow only for the tf.data pipeline.
 
   config, mesh = step.config, step.mesh
   eval_step = step.trainer.eval_step
@@ -321,14 +322,12 @@ def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
   batch = int(config.data.eval_batch_size)
   _, call = eval_forward(step)
   forward = statistics.median(_time_calls(call, forward_steps, warmup=1))
-  dataset = input_pipeline.eval_dataset(config)
+  feed = feeds.open_feed(config, mesh)
   passes = []
   for _ in range(2):
     start = time.perf_counter()
-    local = input_pipeline.numpy_batches(dataset, config, config.data.eval_split)
-    batches = (sharding.global_batch(b, mesh) for b in local)
     in_flight = step.trainer.models.kernels.eval_batches_in_flight
-    result = evaluate.evaluate(eval_step, params, stats, batches, in_flight)
+    result = evaluate.evaluate(eval_step, params, stats, feed.eval_batches(), in_flight)
     passes.append((time.perf_counter() - start, result["eval/count"]))
   (first_s, count), (cached_s, _) = passes
   return {
