@@ -115,11 +115,6 @@ def test_benchmark_input_reports_the_shipped_stream(noisy_folder):
 # The ImageNet recipe on the device (config.data.pipeline="device").
 
 
-def test_the_device_recipes_constants_are_the_hosts():
-  for name in ("CIFAR_PAD", "IMAGENET_SCALE", "IMAGENET_RATIO", "IMAGENET_ATTEMPTS"):
-    assert getattr(device_preprocess, name) == getattr(preprocess, name), name
-
-
 def test_resized_crops_are_the_hosts_crop_then_resize():
   """Every kind of box: shrink, enlarge, one of each, the whole image; mirrored or not."""
   image = np.random.default_rng(1).integers(0, 256, (40, 48, 3), dtype=np.uint8)

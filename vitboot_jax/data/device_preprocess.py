@@ -26,11 +26,11 @@ import ml_collections
 
 from vitboot_jax import configlib
 
-# preprocess.py's constants, without importing TensorFlow.
+# The recipes' augmentation constants, for both pipelines (preprocess.py imports them).
 CIFAR_PAD = 4
 IMAGENET_SCALE = (0.6, 1.0)
 IMAGENET_RATIO = (3.0 / 4.0, 4.0 / 3.0)
-IMAGENET_ATTEMPTS = 10
+IMAGENET_ATTEMPTS = 10  # torchvision's RandomResizedCrop tries 10 boxes before its fallback.
 
 
 def _resize(x: jax.Array, height: int, width: int) -> jax.Array:

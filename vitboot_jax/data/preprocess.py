@@ -18,6 +18,12 @@ import ml_collections
 import tensorflow as tf
 
 from vitboot_jax import configlib
+from vitboot_jax.data.device_preprocess import (  # One definition for both pipelines.
+  CIFAR_PAD,
+  IMAGENET_ATTEMPTS,
+  IMAGENET_RATIO,
+  IMAGENET_SCALE,
+)
 
 AUGMENTS = ("cifar", "imagenet", "none")
 
@@ -25,10 +31,6 @@ AUGMENTS = ("cifar", "imagenet", "none")
 SHUFFLE_STREAM = 0
 AUGMENT_STREAM = 1
 
-CIFAR_PAD = 4
-IMAGENET_SCALE = (0.6, 1.0)
-IMAGENET_RATIO = (3.0 / 4.0, 4.0 / 3.0)
-IMAGENET_ATTEMPTS = 10  # torchvision's RandomResizedCrop tries 10 boxes before its fallback.
 
 TrainFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 EvalFn = Callable[[tf.Tensor], tf.Tensor]
