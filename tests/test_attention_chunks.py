@@ -1,4 +1,5 @@
-"""Chunked attention on CPU: the same outputs, gradients, dropout masks and maps as the plain."""
+"""Chunked attention on CPU (cpu/attention_chunks.py): the same outputs, gradients, dropout masks
+and maps as the plain."""
 
 import dataclasses
 import functools
@@ -10,6 +11,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tests import tolerances
+from vitboot_jax.cpu import attention_chunks
+from vitboot_jax.cpu import kernels as cpu_kernels
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import vit as vit_lib
 
@@ -37,9 +40,9 @@ def test_chunks_give_the_plain_values_gradients_and_masks(attention, dtype, rtol
       dropout_key=jax.random.key(7),
       num_rows=q.shape[0],
       dtype=dtype,
-      kernels=kernels_lib.CPU,
+      kernels=cpu_kernels.CPU,
     )
-    out = vit_lib.attend_in_chunks(core, q, k, v, chunk)[0] if chunk else core(q, k, v)[0]
+    out = attention_chunks.attend_in_chunks(core, q, k, v, chunk)[0] if chunk else core(q, k, v)[0]
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32))
 
   grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)), static_argnums=4)
@@ -65,46 +68,46 @@ def test_chunk_masks_are_the_whole_batch_masks():
     dropout_rate=0.5,
     dropout_key=jax.random.key(3),
     num_rows=q.shape[0],
-    kernels=kernels_lib.CPU,
+    kernels=cpu_kernels.CPU,
   )
   plain = np.asarray(core(q, k, v)[0])
-  chunked = np.asarray(vit_lib.attend_in_chunks(core, q, k, v, 2)[0])
+  chunked = np.asarray(attention_chunks.attend_in_chunks(core, q, k, v, 2)[0])
   np.testing.assert_allclose(chunked, plain, rtol=1e-5)
   assert np.abs(plain - 1).max() > 0.1  # The mask did something.
 
 
 def _cpu(budget: int, shards: int) -> kernels_lib.Kernels:
-  return dataclasses.replace(
-    kernels_lib.CPU,
-    attention_chunk_bytes=budget,
-    attention_whole_batch_bytes=0,
-    batch_shards=shards,
-  )
+  cpu = cpu_kernels.for_shards(shards)
+  attention = dataclasses.replace(cpu.attention, train_bytes=budget, whole_batch_bytes=0)
+  return dataclasses.replace(cpu, attention=attention)
 
 
 def test_images_per_chunk_budget_and_devices():
   kernels = _cpu(3 * 4 * 5 * 5 * 4, 8)  # 4 images of 3x5x5, batch over 8 devices.
   # 64 images on 8 devices: 8 per device, at most 4 per device per slice -> 4 x 8.
-  assert vit_lib.images_per_chunk(kernels, 64, 3, 5) == 32
+  assert kernels.attention.images(64, 3, 5) == 32
   # 24 per device: the largest divisor of 24 within the budget is 4.
-  assert vit_lib.images_per_chunk(kernels, 192, 3, 5) == 32
+  assert kernels.attention.images(192, 3, 5) == 32
   # A batch the devices do not divide is sliced as on one device: largest divisor of 9 <= 4.
-  assert vit_lib.images_per_chunk(kernels, 9, 3, 5) == 3
+  assert kernels.attention.images(9, 3, 5) == 3
   # One image above the budget still makes a slice of one image (per device).
-  assert vit_lib.images_per_chunk(kernels, 16, 3, 50) == 8
-  # The xla set never slices.
-  assert vit_lib.images_per_chunk(kernels_lib.XLA, 64, 3, 5) == 64
+  assert kernels.attention.images(16, 3, 50) == 8
+  # The xla set never slices: one call of the core on the whole batch.
+  q, k, v = _qkv(batch=64)
+  calls = []
+  kernels_lib.XLA.attention(lambda *t: calls.append(len(t)) or t[:2], q, k, v, train=True)
+  assert calls == [3]
 
 
 def test_cpu_set_keeps_a_small_batchs_training_attention_whole():
-  cpu = dataclasses.replace(kernels_lib.CPU, batch_shards=2)
+  cpu = cpu_kernels.for_shards(2)
   # Quickstart (9 heads, 65 tokens), batch 64 on two devices: 4.9 MB per device, one op.
-  assert vit_lib.images_per_chunk(cpu, 64, 9, 65) == 64
+  assert cpu.attention.images(64, 9, 65) == 64
   # Twice the batch per device: slices within the budget; evaluation keeps its own budget.
-  assert vit_lib.images_per_chunk(cpu, 128, 9, 65) == 32
-  assert vit_lib.images_per_chunk(cpu, 64, 9, 65, train=False) == 64
+  assert cpu.attention.images(128, 9, 65) == 32
+  assert cpu.attention.images(64, 9, 65, train=False) == 64
   # 16x16 tokens (257): one image per device per slice.
-  assert vit_lib.images_per_chunk(cpu, 64, 9, 257) == 2
+  assert cpu.attention.images(64, 9, 257) == 2
 
 
 @pytest.mark.slow
@@ -130,7 +133,7 @@ def test_vit_train_step_identical_with_and_without_chunks():
 
   # Budget of 2 images: 4 per device -> slices of 2 per device, 16 in all, 2 loop steps.
   chunked = _cpu(2 * 3 * 17 * 17 * 4, 8)
-  assert vit_lib.images_per_chunk(chunked, 32, 3, 17) == 16
+  assert chunked.attention.images(32, 3, 17) == 16
   plain_loss, plain_grads = run(_cpu(0, 8))
   chunked_loss, chunked_grads = run(chunked)
   np.testing.assert_allclose(chunked_loss, plain_loss, rtol=1e-5)
@@ -144,8 +147,10 @@ def test_evaluation_runs_in_slices_and_still_exposes_the_probabilities():
   params = model.init(jax.random.key(0), images[:1])["params"]
 
   def run(budget: int):
-    kernels = dataclasses.replace(kernels_lib.CPU, inference_attention_chunk_bytes=budget)
-    assert vit_lib.images_per_chunk(kernels, 8, 3, 17, train=False) == (2 if budget else 8)
+    cpu = cpu_kernels.CPU
+    attention = dataclasses.replace(cpu.attention, inference_bytes=budget)
+    kernels = dataclasses.replace(cpu, attention=attention)
+    assert kernels.attention.images(8, 3, 17, train=False) == (2 if budget else 8)
     return model.clone(kernels=kernels).apply(
       {"params": params}, images, train=False, capture_intermediates=True, mutable=["intermediates"]
     )

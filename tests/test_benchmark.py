@@ -65,18 +65,18 @@ def test_mode_config_sets_mode_align_and_dtype():
 
 @pytest.mark.slow
 def test_kernel_ab_times_both_variants_of_each_mode(monkeypatch):
-  from vitboot_jax.models import kernels as kernels_lib
-  from vitboot_jax.models import vit as vit_lib
+  from vitboot_jax.cpu import attention_chunks
+  from vitboot_jax.cpu import kernels as cpu_kernels
   from vitboot_jax.tools.perf import kernel_ab
 
   traced = []
-  original = vit_lib.attend_in_chunks
+  original = attention_chunks.attend_in_chunks
   monkeypatch.setattr(
-    vit_lib, "attend_in_chunks", lambda *a, **k: traced.append(1) or original(*a, **k)
+    attention_chunks, "attend_in_chunks", lambda *a, **k: traced.append(1) or original(*a, **k)
   )
   # A budget of one image: tiny_config's batch of 16 on 8 devices is sliced in two loop steps.
-  cpu = dataclasses.replace(kernels_lib.CPU, attention_chunk_bytes=1, attention_whole_batch_bytes=0)
-  monkeypatch.setitem(kernels_lib.SETS, "cpu", cpu)
+  budgets = dataclasses.replace(cpu_kernels.ATTENTION, train_bytes=1, whole_batch_bytes=0)
+  monkeypatch.setattr(cpu_kernels, "ATTENTION", budgets)
   printed = []
   rows = kernel_ab.run(
     load_config("tiny_config"),

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from tests import jaxprs
+from vitboot_jax import kernel_sets
 from vitboot_jax.cpu import conv
-from vitboot_jax.cpu.conv import assemble_kernel
+from vitboot_jax.cpu import kernels as cpu_kernels
 from vitboot_jax.models import kernels
 from vitboot_jax.models.agent import tap_positions
+from vitboot_jax.models.kernels import assemble_kernel
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -244,13 +246,16 @@ def test_sliced_taps_conv_equals_lax_conv_on_a_sharded_batch(heads):
 
 
 def test_cpu_set_slices_its_convolutions_for_the_devices():
-  cpu = kernels.for_platform("cpu", "cpu", batch_shards=8)
-  want = conv.BatchSlices(kernels.CPU_CONV_SLICE_BYTES, shards=8)
+  cpu = kernel_sets.for_platform("cpu", "cpu", batch_shards=8)
+  want = conv.BatchSlices(cpu_kernels.CONV_SLICE_BYTES, shards=8)
   assert cpu.taps_conv.keywords["slices"] == want
   kernel = jax.ShapeDtypeStruct((3, 3, 144, 144), jnp.float32)
   # 32x32x144 activations, 590 KB per image: 64 images per device leave the cache.
-  for conv_fn, batch in ((cpu.conv_general_dilated, 512), (kernels.CPU.conv_general_dilated, 64)):
+  for conv_fn, batch in (
+    (cpu.conv_general_dilated, 512),
+    (cpu_kernels.CPU.conv_general_dilated, 64),
+  ):
     x = jax.ShapeDtypeStruct((batch, 32, 32, 144), jnp.float32)
     fn = lambda x, w, conv_fn=conv_fn: conv_fn(x, w, (1, 1), "SAME", dimension_numbers=NHWC)
     assert "scan[" in str(jax.make_jaxpr(fn)(x, kernel))
-  assert kernels.for_platform("xla", "cpu").conv_general_dilated is jax.lax.conv_general_dilated
+  assert kernel_sets.for_platform("xla", "cpu").conv_general_dilated is jax.lax.conv_general_dilated

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vitboot_jax import configlib, errors, evaluate, optim, steps
+from vitboot_jax import configlib, errors, evaluate, kernel_sets, optim, steps
 from vitboot_jax.data import device_preprocess, input_pipeline, preprocess
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
@@ -83,7 +83,7 @@ def test_steps_take_uint8_batches():
   config.loss.update(ce_vit=0.5, ce_agent=0.5, kd_vit=0.5, kd_agent=0.5, feature_vit=5.0)
   config.model.update(patch_size=16, embed_dim=36, depth=2, num_heads=9, mlp_dim=72, ln_eps=1e-5)
   config.agent.update(stem="small", downsample_after=(0,))
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
   state = jax.eval_shape(lambda: create_state(models, tx, jax.random.key(0), (64, 64, 3)))
   shape, dtype = device_preprocess.shipped_image(config)

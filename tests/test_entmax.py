@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.config_files import load_config
+from vitboot_jax import kernel_sets
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.entmax import entmax_bisect
 from vitboot_jax.models.vit import ViT
@@ -184,7 +185,9 @@ def test_config_builds_sparse_vit():
   config = load_config("tiny_config", "mode=vit")
   config.model.attention = "entmax"
   images = jnp.zeros((1, 32, 32, 3))
-  variables = jax.eval_shape(build_models(config).init, jax.random.key(0), images)
+  variables = jax.eval_shape(
+    build_models(config, kernel_sets.for_config(config)).init, jax.random.key(0), images
+  )
   for layer in range(config.model.depth):
     assert variables["params"]["vit"][f"block_{layer}"]["attn"]["entmax_alpha"].shape == ()
 
@@ -193,4 +196,8 @@ def test_bad_attention_names_the_field():
   config = load_config("tiny_config", "mode=vit")
   config.model.attention = "linear"
   with pytest.raises(ValueError, match=r"config\.model\.attention='linear'.*softmax.*entmax"):
-    jax.eval_shape(build_models(config).init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+    jax.eval_shape(
+      build_models(config, kernel_sets.for_config(config)).init,
+      jax.random.key(0),
+      jnp.zeros((1, 32, 32, 3)),
+    )

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests.config_files import REPO, load_config
-from vitboot_jax import checkpoint, configlib, errors, init_from, metrics
+from vitboot_jax import checkpoint, configlib, errors, init_from, kernel_sets, metrics
 from vitboot_jax.models import convert, pretrained
 from vitboot_jax.models.build import build_models, build_vit
 from vitboot_jax.tools import export
@@ -24,7 +24,7 @@ def _run(tmp_path, arg, steps=(3,), name="run", **model):
   symmetric or constant. Shapes come from eval_shape: nothing is compiled."""
   config = load_config("tiny_config", arg)
   config.model.update(model)
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   shapes = jax.eval_shape(models.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
   rng = np.random.default_rng(0)
   draw = lambda s: rng.normal(size=s.shape).astype(s.dtype)
@@ -239,7 +239,7 @@ def test_official_export_has_exactly_the_keys_and_shapes_the_authors_models_hold
   want = _reference_keys(title)
   name, _, arg = config_arg.rpartition(":")
   config = load_config(name or "vits_cifar100", arg)
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   size = config.image_size
   shapes = jax.eval_shape(models.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
   zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)

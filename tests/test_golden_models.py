@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from tests import golden
+from vitboot_jax import kernel_sets
 from vitboot_jax.models import convert
-from vitboot_jax.models import kernels as kernels_lib
 
 TOL = 1e-4  # Relative, float32 on CPU (golden/README.md).
 
@@ -13,7 +13,7 @@ TOL = 1e-4  # Relative, float32 on CPU (golden/README.md).
 @pytest.fixture(params=["xla", "cpu"])
 def kernels(request):
   """Both kernel sets: what accelerators run (xla) and what CPUs run (cpu)."""
-  return kernels_lib.SETS[request.param]
+  return kernel_sets.for_platform(request.param, "cpu")
 
 
 def test_vit_logits(golden_dir, kernels):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.config_files import load_config
-from vitboot_jax import init_from, optim, sharding
+from vitboot_jax import init_from, kernel_sets, optim, sharding
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 
@@ -17,7 +17,7 @@ def _config(arg):
 
 
 def _fresh_state(config):
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   tx, _ = optim.mode_optimizer(config, models.names, steps_per_epoch=10)
   init = functools.partial(create_state, models, tx, image_shape=(32, 32, 3))
   state = jax.jit(init)(jax.random.key(0))

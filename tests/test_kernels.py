@@ -1,16 +1,19 @@
-"""The kernel seam: which set a mesh gets, and the xla set's plain ops."""
+"""The kernel seam: which set a mesh gets, models free of the CPU layer, the xla set's ops."""
 
 import ast
 import dataclasses
 import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests import jaxprs
+from tests import jaxprs, runs
 from tests.config_files import load_config
+from vitboot_jax import kernel_sets
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.build import build_models
@@ -20,32 +23,40 @@ MODELS = pathlib.Path(kernels_lib.__file__).parent
 
 def test_auto_follows_the_devices_and_explicit_choices_win():
   devices = jax.devices()
-  auto = kernels_lib.for_devices("auto", devices)
+  auto = kernel_sets.for_devices("auto", devices)
   if devices[0].platform == "cpu":
     assert auto.name == "cpu" and auto.batch_shards == len(devices)
   else:  # The suite run on an accelerator (launch/accelerator_check.sh).
     assert auto.name == "xla"
-  assert kernels_lib.for_devices("xla", devices).name == "xla"
+  assert kernel_sets.for_devices("xla", devices).name == "xla"
   for platform in ("cuda", "rocm", "gpu", "tpu"):
-    assert kernels_lib.for_platform("auto", platform).name == "xla"
-  assert kernels_lib.for_platform("cpu", "tpu").name == "cpu"
+    assert kernel_sets.for_platform("auto", platform).name == "xla"
+  assert kernel_sets.for_platform("cpu", "tpu").name == "cpu"
   with pytest.raises(ValueError, match="config.kernels='fast' is unknown"):
-    kernels_lib.for_platform("fast", "cpu")
+    kernel_sets.for_platform("fast", "cpu")
 
 
-def test_builder_resolves_config_kernels():
+def test_config_kernels_choose_the_set_the_models_get():
   config = load_config("tiny_config")
   assert config.kernels == "auto"
   on_cpu = jax.default_backend() == "cpu"
-  assert build_models(config).kernels.name == ("cpu" if on_cpu else "xla")
-  assert build_models(config, platform="tpu").kernels.name == "xla"
+  assert kernel_sets.for_config(config).name == ("cpu" if on_cpu else "xla")
+  assert kernel_sets.for_config(config, platform="tpu").name == "xla"
   config.kernels = "xla"
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   assert models.kernels.name == "xla"
-  assert models.vit.kernels is models.agent.kernels
+  assert models.vit.kernels is models.agent.kernels is models.kernels
   config.kernels = "gpu"
   with pytest.raises(ValueError, match="config.kernels='gpu' is unknown"):
-    build_models(config)
+    kernel_sets.for_config(config)
+
+
+def test_the_sets_follow_the_devices_the_batch_is_split_over():
+  cpu = kernel_sets.for_platform("cpu", "cpu", batch_shards=4)
+  assert cpu.batch_shards == cpu.attention.shards == 4
+  assert kernel_sets.for_platform("xla", "cpu", batch_shards=4).batch_shards == 4
+  resnet = build_models(load_config("tiny_config", "mode=cnn"), cpu).modules["cnn"]
+  assert resnet.kernels is cpu  # The CNN baseline gets the injected set too.
 
 
 def test_model_code_has_no_backend_logic():
@@ -55,21 +66,38 @@ def test_model_code_has_no_backend_logic():
       assert name not in text, f"{path.name} uses jax.{name}"
 
 
+def _imported_modules(path: pathlib.Path) -> list[str]:
+  modules = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      modules += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      assert node.level == 0, f"{path.name}: relative import"
+      base = node.module or ""
+      modules += [f"{base}.{a.name}" for a in node.names] if base == "vitboot_jax" else [base]
+  return modules
+
+
+def test_models_never_import_the_cpu_layer():
+  """models/ holds models; the CPU layer (vitboot_jax/cpu/) builds on it, never the reverse."""
+  for path in sorted(MODELS.glob("*.py")):
+    for module in _imported_modules(path):
+      assert not module.startswith("vitboot_jax.cpu"), f"models/{path.name} imports {module}"
+  # Nor through anything they import: importing every model module loads no vitboot_jax.cpu.
+  names = [f"vitboot_jax.models.{p.stem}" for p in sorted(MODELS.glob("*.py"))]
+  probe = f"import sys, {', '.join(names)}; print(sorted(m for m in sys.modules if 'cpu' in m))"
+  loaded = subprocess.run(
+    [sys.executable, "-c", probe], env=runs.env(1), capture_output=True, text=True, check=True
+  ).stdout
+  assert "vitboot_jax.cpu" not in loaded, loaded
+
+
 def test_models_import_nothing_from_the_top_level_package():
   # models/ is the bottom layer: configs, losses and the trainer use it, never the reverse.
   for path in sorted(MODELS.glob("*.py")):
-    for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Import):
-        modules = [a.name for a in node.names]
-      elif isinstance(node, ast.ImportFrom):
-        assert node.level == 0, f"{path.name}: relative import"
-        base = node.module or ""
-        modules = [f"{base}.{a.name}" for a in node.names] if base == "vitboot_jax" else [base]
-      else:
-        continue
-      for module in modules:
-        inside = module == "vitboot_jax.models" or module.startswith("vitboot_jax.models.")
-        assert inside or not module.startswith("vitboot_jax"), f"{path.name} imports {module}"
+    for module in _imported_modules(path):
+      inside = module == "vitboot_jax.models" or module.startswith("vitboot_jax.models.")
+      assert inside or not module.startswith("vitboot_jax"), f"{path.name} imports {module}"
 
 
 def test_xla_bf16_products_sum_in_float32_with_jax_derivatives():
@@ -121,7 +149,7 @@ def _random_words_per_draw(kernels: kernels_lib.Kernels) -> list[int]:
 @pytest.mark.parametrize("name", ["xla", "cpu"])
 def test_dropout_masks_draw_two_words_not_one_per_element(name):
   """Per-element PRNG bits were 16% of a GPU ViT-S step (docs/accelerators.md): both sets hash."""
-  draws = _random_words_per_draw(kernels_lib.for_platform(name, "cpu"))
+  draws = _random_words_per_draw(kernel_sets.for_platform(name, "cpu"))
   assert draws and max(draws) <= 2, draws
   threefry = dataclasses.replace(kernels_lib.XLA, dropout=kernels_lib.threefry_dropout)
   assert max(_random_words_per_draw(threefry)) > 2  # The check sees per-element bits.

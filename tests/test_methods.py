@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from tests.config_files import load_config
-from vitboot_jax import optim, steps, trainer
+from vitboot_jax import kernel_sets, optim, steps, trainer
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
@@ -28,7 +28,7 @@ def batch_of(n=8, size=32, classes=10, seed=0):
 
 
 def make(config):
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
   image_shape = (config.image_size, config.image_size, 3)
   state = create_state(models, tx, jax.random.key(0), image_shape)
@@ -122,7 +122,7 @@ def test_drloc_on_unknown_model_names_the_field():
   config = load_config("tiny_config", "mode=vit,drloc=0.1")
   config.drloc.models = ("agent",)
   with pytest.raises(ValueError, match="config.drloc.models"):
-    build_models(config)
+    build_models(config, kernel_sets.for_config(config))
 
 
 @pytest.mark.parametrize("name", ["resnet50", "efficientnet_b2"])
@@ -130,7 +130,7 @@ def test_drloc_on_unknown_model_names_the_field():
 def test_cnn_baseline_configs_build_a_train_step(name):
   config = load_config("cnn_baselines", f"model={name},dataset=cifar10")
   assert config.optim.name == "sgd" and config.optim.momentum == 0.0 and config.optim.lr == 0.05
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   assert models.names == ("cnn",)
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=10)
   step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=10)
@@ -150,7 +150,7 @@ def test_cnn_baseline_configs_build_a_train_step(name):
 @pytest.mark.slow
 def test_paper_configs_build_with_switches(switch):
   config = load_config("vits_cifar100", f"mode=shared,{switch}")
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=10)
   step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=10)
   state = jax.eval_shape(lambda r: create_state(models, tx, r, (224, 224, 3)), jax.random.key(0))
@@ -165,7 +165,7 @@ def test_paper_configs_build_with_switches(switch):
 def test_sparse_vitb_config_builds_vitb():
   # The official ViT-B-Sparse yaml builds ViT-S by mistake; ours builds what it says.
   config = load_config("vitb_cifar100", "mode=vit,attention=entmax")
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   assert models.vit.embed_dim == 384 and models.vit.depth == 12 and models.vit.attention == "entmax"
 
 
@@ -174,7 +174,7 @@ def test_drloc_classification_variant_sizes_its_heads_from_the_grids():
   config = load_config("tiny_config", "mode=shared,drloc=0.1")
   config.drloc.models = ("vit", "agent")
   config.drloc.variant = "ce"
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   variables = jax.eval_shape(models.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
   # abs offsets: k classes; ViT 4x4 tokens, agent's last map 8x8 (no pooling below 14).
   assert variables["params"]["drloc_vit"]["out_u"]["kernel"].shape == (512, 4)

@@ -10,7 +10,8 @@ from flax import linen as nn
 
 from tests import jaxprs
 from tests.config_files import load_config
-from vitboot_jax import configlib
+from vitboot_jax import configlib, kernel_sets
+from vitboot_jax.cpu import kernels as cpu_kernels
 from vitboot_jax.models import agent as agent_lib
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models import sharing
@@ -69,7 +70,7 @@ def _loop_conv(x, taps, bias, positions, k):
 
 @pytest.mark.parametrize("heads", [6, 9, 12, 3, 4, 16])
 @pytest.mark.parametrize("scheme", ["official", "centered"])
-@pytest.mark.parametrize("kernels", [kernels_lib.XLA, kernels_lib.CPU], ids=["xla", "cpu"])
+@pytest.mark.parametrize("kernels", [kernels_lib.XLA, cpu_kernels.CPU], ids=["xla", "cpu"])
 def test_conv_equals_shifted_sum(heads, scheme, kernels):
   rng = np.random.default_rng(heads)
   x = rng.normal(size=(2, 7, 6, 5)).astype(np.float32)
@@ -97,7 +98,7 @@ def test_conv_equals_shifted_sum(heads, scheme, kernels):
 @pytest.mark.parametrize(
   "heads, scheme", [(9, "official"), (6, "official"), (4, "centered"), (12, "centered")]
 )
-@pytest.mark.parametrize("kernels", [kernels_lib.XLA, kernels_lib.CPU], ids=["xla", "cpu"])
+@pytest.mark.parametrize("kernels", [kernels_lib.XLA, cpu_kernels.CPU], ids=["xla", "cpu"])
 def test_shared_conv_equals_conv_over_product_taps(heads, scheme, kernels):
   rng = np.random.default_rng(heads)
   d = 4 * heads
@@ -166,7 +167,7 @@ def _tiny(mode="shared", **overrides):
   for key, value in overrides.items():
     group, field = key.split(".") if "." in key else (None, key)
     (config[group] if group else config)[field] = value
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
   variables = models.init(jax.random.key(0), images)
   return models, variables, images
@@ -273,7 +274,7 @@ def test_features_and_shapes():
 @pytest.mark.slow
 def test_official_init_quirks():
   config = load_config("vits_cifar100")
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   params = models.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)))["params"]
   # N(0, 1) patch embedding, N(1e-6, 1) MLP biases (the official bug), xavier qkv.
   assert abs(float(params["vit"]["patch_embed"]["kernel"].std()) - 1.0) < 0.02
@@ -282,7 +283,9 @@ def test_official_init_quirks():
   bound = np.sqrt(6 / (288 + 864))
   assert float(jnp.abs(qkv).max()) <= bound and float(jnp.abs(qkv).max()) > 0.95 * bound
   config.model.init = "standard"
-  params = build_models(config).init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)))["params"]
+  params = build_models(config, kernel_sets.for_config(config)).init(
+    jax.random.key(0), jnp.zeros((1, 224, 224, 3))
+  )["params"]
   assert float(params["vit"]["patch_embed"]["kernel"].std()) < 0.1
   assert float(jnp.abs(params["vit"]["block_0"]["mlp"]["fc1"]["bias"]).max()) < 1e-4
 
@@ -322,10 +325,10 @@ def test_even_window_heads_need_centered_taps():
   config.model.num_heads = 4
   config.model.embed_dim = 32
   with pytest.raises(ValueError, match="taps=centered"):
-    models = build_models(config)
+    models = build_models(config, kernel_sets.for_config(config))
     models.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
   config.agent.taps = "centered"
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   variables = models.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
   assert np.isfinite(_agent_logits(models, variables, jnp.ones((1, 32, 32, 3)))).all()
 
@@ -337,7 +340,7 @@ def test_configs_build(name, arg):
     pytest.skip("quickstart has a single agent stem")
   config = load_config(name, arg)
   configlib.validate(config)
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   size = config.image_size
   variables = jax.eval_shape(models.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
   assert set(variables["params"]) == set(models.names)
@@ -390,7 +393,7 @@ def test_gelu_is_exact_in_value_and_derivative():
   """The erf form (torch's) against the exact x Phi(x) and Phi(x) + x phi(x) in float64."""
   import math
 
-  from vitboot_jax.models.common import gelu
+  from vitboot_jax.cpu.kernels import gelu
 
   xs = np.linspace(-12, 12, 4001).astype(np.float32)
   x64 = xs.astype(np.float64)
@@ -403,7 +406,7 @@ def test_gelu_is_exact_in_value_and_derivative():
   assert gelu(jnp.ones(3, jnp.bfloat16)).dtype == jnp.bfloat16  # No promotion to float32.
 
 
-@pytest.mark.parametrize("kernels", [kernels_lib.XLA, kernels_lib.CPU])
+@pytest.mark.parametrize("kernels", [kernels_lib.XLA, cpu_kernels.CPU])
 def test_attention_gradient_concatenates_query_key_value(kernels):
   """dQKV is one concatenation of dQ, dK and dV, not a sum of three zero-padded stacks."""
   dense = functools.partial(nn.Dense, dot_general=kernels.dot_general)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests import jaxprs
+from vitboot_jax.cpu import kernels as cpu_kernels
 from vitboot_jax.cpu.softmax_attention import softmax_attention
 from vitboot_jax.models import kernels
 from vitboot_jax.models import vit as vit_lib
@@ -66,8 +67,8 @@ def test_backward_reduces_outputs_not_key_rows():
 
 
 def test_only_the_cpu_set_writes_the_backward_out():
-  assert kernels.CPU.softmax_attention is softmax_attention
-  assert kernels.CPU.inference_softmax_attention is None  # Keeps its sliced evaluation.
+  assert cpu_kernels.CPU.softmax_attention is softmax_attention
+  assert cpu_kernels.CPU.inference_softmax_attention is None  # Keeps its sliced evaluation.
   assert kernels.XLA.softmax_attention is kernels.fused_attention
   assert kernels.XLA.inference_softmax_attention is kernels.fused_attention
 

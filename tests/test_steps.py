@@ -11,7 +11,7 @@ import pytest
 
 from tests import golden, hlo, tolerances, without_tensorflow
 from tests.config_files import load_config
-from vitboot_jax import optim, sharding, steps
+from vitboot_jax import kernel_sets, optim, sharding, steps
 from vitboot_jax.models import convert, sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
@@ -45,7 +45,7 @@ def batch_of(n=8, seed=0, size=32, classes=10):
 
 def setup(mode="shared", **updates):
   config = tiny_config(mode, **updates)
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
   state = create_state(models, tx, jax.random.key(0), (32, 32, 3))
   step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=4)
@@ -76,7 +76,7 @@ def test_official_loss_terms_and_gradients(golden_dir, name, kernels):
   config = golden.shared_config(index)
   config.align = "none"
   config.kernels = kernels
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   variables = convert.import_shared(sd, config.model.depth, config.model.num_heads)
   batch = {"image": jnp.asarray(images), "label": jnp.asarray(data["labels"], jnp.int32)}
   grads, _, terms = jitted_gradients(

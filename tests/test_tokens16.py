@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from tests.config_files import load_config
-from vitboot_jax import configlib
+from vitboot_jax import configlib, kernel_sets
 from vitboot_jax.models.build import build_models
 
 
@@ -18,7 +18,7 @@ def test_token_grid_and_agent_geometry(mode):
   config = _config(f"mode={mode}")
   configlib.validate(config)
   assert (config.image_size, config.model.patch_size, config.num_epochs) == (32, 2, 10)
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   images = jnp.zeros((2, 32, 32, 3), jnp.float32)
   variables = jax.eval_shape(models.init, jax.random.key(0), images)
   outputs = jax.eval_shape(lambda v, x: models.apply(v, x, train=False)[0], variables, images)

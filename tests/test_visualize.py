@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tests import tiny_config
-from vitboot_jax import errors
+from vitboot_jax import errors, kernel_sets
 from vitboot_jax.models import common
 from vitboot_jax.tools import visualize
 
@@ -216,7 +216,7 @@ def _captured_attention(config, variables, images):
   """The model's own attention probabilities: the output of each attn's (identity) dropout."""
   from vitboot_jax.models.build import build_models
 
-  vit = build_models(config).vit
+  vit = build_models(config, kernel_sets.for_config(config)).vit
   _, state = vit.apply(
     {"params": variables["params"]["vit"]},
     images,
@@ -236,7 +236,7 @@ def test_attention_is_the_one_a_forward_pass_computes(image_folder, fresh, atten
   from vitboot_jax.models.build import build_models
 
   config = visualize._inspection_config(_config(image_folder, attention=attention))
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   variables = jax.tree.map(np.asarray, fresh[2])
   if attention == "entmax":  # The softmax tree plus one alpha per layer, away from its init.
     for i in range(LAYERS):

@@ -61,7 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Pre-trained ViT weights for a fresh run (init_from.py): a timm/DeiT .safetensors, .npz, .pth
   # or a workdir of ours; "" trains from scratch.
   c.init_from = ""
-  # Kernel set (models/kernels.py): "auto" takes "cpu" when the mesh's devices are CPUs, else
+  # Kernel set (kernel_sets.py): "auto" takes "cpu" when the mesh's devices are CPUs, else
   # "xla"; "xla" / "cpu" force one (a kernel A/B is this flip).
   c.kernels = "auto"
 

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from vitboot_jax import evaluate, init_from, optim, sharding, steps
+from vitboot_jax import evaluate, init_from, kernel_sets, optim, sharding, steps
 from vitboot_jax.data import device_data, device_preprocess
 from vitboot_jax.models import attention_init
 from vitboot_jax.models.build import ModelSet, build_models
@@ -105,7 +105,7 @@ def build(
 
   Kernels are chosen for the mesh's devices unless `kernels` is given (kernel A/Bs).
   """
-  models = build_models(config, mesh.devices.flat, kernels=kernels)
+  models = build_models(config, kernels or kernel_sets.for_config(config, mesh.devices.flat))
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch)
   # Sharded init: shapes first, then one jitted init that writes straight into the shardings.
   image_shape = (config.image_size, config.image_size, 3)

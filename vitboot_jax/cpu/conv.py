@@ -6,7 +6,7 @@ never uses the AMX/AVX512-BF16 matmul kernel (numbers: docs/results.md, "Through
 and docs/performance.md). So float32 convolutions here run forward and input gradient as XLA
 convolutions and the kernel gradient as matmuls (`conv_matmul_kernel_grad`); 16-bit ones are
 matmuls throughout, which `matmul.einsum` runs on the bf16 kernel. These are the `cpu` kernel
-set's (models/kernels.py); on GPUs and TPUs cuDNN and the TPU convolution unit beat anything
+set's (cpu/kernels.py); on GPUs and TPUs cuDNN and the TPU convolution unit beat anything
 built from matmuls, so the `xla` set uses lax's.
 
 Three shapes of matmul, by what the convolution looks like:
@@ -30,7 +30,8 @@ import jax
 import jax.numpy as jnp
 
 from vitboot_jax.cpu import matmul
-from vitboot_jax.models import common
+from vitboot_jax.cpu.slices import batch_slices, images_per_slice, merge_batch_slices
+from vitboot_jax.models.kernels import assemble_kernel
 
 # Below this many input channels a per-tap matmul is too thin for a GEMM: use im2col instead.
 _IM2COL_MAX_CHANNELS = 64
@@ -40,11 +41,11 @@ _WHOLE_BATCH_SLICES = 4
 
 @dataclasses.dataclass(frozen=True)
 class BatchSlices:
-  """How float32 XLA convolutions split the batch (the `cpu` set's `conv_slice_bytes`).
+  """How float32 XLA convolutions split the batch (the `cpu` set's, cpu/kernels.CONV_SLICE_BYTES).
 
   An input batch larger than `_WHOLE_BATCH_SLICES` x `max_bytes` runs in slices of at most
   `max_bytes` per device, strided and aligned with `shards` devices as attention's slices are
-  (models/common.images_per_slice); 0 never slices.
+  (cpu/slices.py); 0 never slices.
   """
 
   max_bytes: int = 0
@@ -56,7 +57,7 @@ class BatchSlices:
     per_image = math.prod(x.shape[1:]) * jnp.dtype(x.dtype).itemsize
     if not self.max_bytes or batch * per_image <= _WHOLE_BATCH_SLICES * self.max_bytes:
       return batch
-    return common.images_per_slice(batch, per_image, self.max_bytes, self.shards)
+    return images_per_slice(batch, per_image, self.max_bytes, self.shards)
 
 
 NO_SLICES = BatchSlices()
@@ -77,14 +78,6 @@ def _tap(x: jax.Array, row: int, col: int, out_hw: tuple[int, int], strides) -> 
     (x.shape[0], row + sh * (ho - 1) + 1, col + sw * (wo - 1) + 1, x.shape[3]),
     (1, sh, sw, 1),
   )
-
-
-def assemble_kernel(taps: jax.Array, k: int, positions: Sequence[tuple[int, int]]) -> jax.Array:
-  """[H, D_in, D_out] tap matrices -> [k, k, D_in, D_out] HWIO kernel, zeros elsewhere."""
-  rows = jnp.array([r for r, _ in positions])
-  cols = jnp.array([c for _, c in positions])
-  kernel = jnp.zeros((k, k) + taps.shape[1:], taps.dtype)
-  return kernel.at[rows, cols].set(taps)
 
 
 def taps_conv(
@@ -149,10 +142,8 @@ def _sliced_conv(x: jax.Array, kernel: jax.Array, strides, pads, slices: BatchSl
   images = slices.images(x)
   if tuple(strides) != (1, 1) or images == x.shape[0]:
     return _xla_conv(x, kernel, strides, pads)
-  out = jax.lax.map(
-    lambda part: _xla_conv(part, kernel, strides, pads), common.batch_slices(x, images)
-  )
-  return common.merge_batch_slices(out)
+  out = jax.lax.map(lambda part: _xla_conv(part, kernel, strides, pads), batch_slices(x, images))
+  return merge_batch_slices(out)
 
 
 def _input_grad(x, kernel, ct, strides, pads, slices: BatchSlices) -> jax.Array:

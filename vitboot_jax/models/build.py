@@ -9,7 +9,6 @@ copy. Mode "cnn" trains one CNN baseline (ResNet-50 or EfficientNet-B2) under th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -19,7 +18,6 @@ from flax import linen as nn
 
 from vitboot_jax.models import attention_init
 from vitboot_jax.models import drloc_head as drloc_lib
-from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models.agent import Agent
 from vitboot_jax.models.drloc_head import DrLocSetting
 from vitboot_jax.models.efficientnet import efficientnet_b2
@@ -74,11 +72,15 @@ def build_agent(
   )
 
 
-def build_cnn(config: ml_collections.ConfigDict, dtype: Any = jnp.float32) -> nn.Module:
+def build_cnn(
+  config: ml_collections.ConfigDict, dtype: Any = jnp.float32, kernels: Kernels = XLA
+) -> nn.Module:
   name = config.cnn.name
   if name not in CNN_BASELINES:
     raise ValueError(f"config.cnn.name={name!r} is unknown; choose one of {sorted(CNN_BASELINES)}")
-  return CNN_BASELINES[name](config.data.num_classes, dtype=dtype)
+  # EfficientNet's convolutions stay flax's own (its depthwise ones are grouped).
+  extra = {"kernels": kernels} if name == "resnet50" else {}
+  return CNN_BASELINES[name](config.data.num_classes, dtype=dtype, **extra)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -203,25 +205,12 @@ def _feature_shape(mode, modules, name, images, layer) -> tuple[int, int, int]:
   return shape[1] * shape[2], shape[1], shape[2]
 
 
-def build_models(
-  config: ml_collections.ConfigDict,
-  devices: Sequence[Any] | None = None,
-  *,
-  platform: str | None = None,
-  kernels: Kernels | None = None,
-) -> ModelSet:
+def build_models(config: ml_collections.ConfigDict, kernels: Kernels) -> ModelSet:
   """The models of `config.mode`: vit, agent, both (joint: independent; shared: tied), or cnn.
 
-  `config.kernels` is resolved for the devices the steps run on (the mesh's; default: all of
-  jax's devices), or for `platform` ("cpu", "cuda", "tpu") when exporting for another machine.
-  An explicit `kernels` record wins over both (kernel A/Bs). The config is taken as valid
-  (configlib.validate, called by the entry points).
+  `kernels` is the set the steps run with, chosen by the caller (kernel_sets.for_config reads
+  config.kernels). The config is taken as valid (configlib.validate, called by the entry points).
   """
-  choice = config.get("kernels", "auto")
-  if kernels is None and platform is not None:
-    kernels = kernels_lib.for_platform(choice, platform)
-  elif kernels is None:
-    kernels = kernels_lib.for_devices(choice, list(jax.devices() if devices is None else devices))
   dtype = jnp.dtype(config.get("compute_dtype", "float32"))
   mode = config.mode
   modules: dict[str, nn.Module] = {}
@@ -230,7 +219,7 @@ def build_models(
   if mode in ("agent", "joint", "shared"):
     modules["agent"] = build_agent(config, shared=mode == "shared", dtype=dtype, kernels=kernels)
   if mode == "cnn":
-    modules["cnn"] = build_cnn(config, dtype)
+    modules["cnn"] = build_cnn(config, dtype, kernels)
   return ModelSet(
     mode=mode, modules=modules, drloc=_drloc_settings(config, modules), kernels=kernels
   )

@@ -43,31 +43,6 @@ def torch_linear_default(fan_in: int) -> Initializer:
 official_bias = normal(1.0, mean=1e-6)
 
 
-_SQRT_HALF = 1.0 / math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-
-
-@jax.custom_jvp
-def gelu(x: jax.Array) -> jax.Array:
-  """Exact GELU x * Phi(x), written as torch.nn.GELU() writes it: 0.5 x (1 + erf(x / sqrt 2)).
-
-  Not the tanh approximation flax defaults to. jax's exact form goes through erfc, which
-  XLA:CPU evaluates ~3x slower than erf (an exp plus a wider polynomial); the erf form differs
-  from the exact value by at most 1e-6 in float32 (erfc form: 4e-7). The derivative
-  Phi(x) + x phi(x) is written out so forward and backward share Phi instead of
-  differentiating through erf's polynomial.
-  """
-  return 0.5 * x * (1.0 + jax.lax.erf(x * _SQRT_HALF))
-
-
-@gelu.defjvp
-def _gelu_jvp(primals, tangents):
-  (x,), (dx,) = primals, tangents
-  cdf = 0.5 * (1.0 + jax.lax.erf(x * _SQRT_HALF))
-  pdf = jnp.exp(-0.5 * x * x) * _INV_SQRT_2PI
-  return x * cdf, (cdf + x * pdf) * dx
-
-
 def hash32(x: jax.Array) -> jax.Array:
   """A bijective, well-mixing 32-bit integer hash ("lowbias32": two xorshift-multiply rounds).
 
@@ -147,27 +122,3 @@ class Dropout(nn.Module):
     if self.rate >= 1.0:  # Everything dropped: no key needed.
       return jnp.zeros_like(x)
     return self.kernel(x, self.rate, self.rng())
-
-
-def images_per_slice(batch: int, per_image_bytes: int, budget: int, shards: int = 1) -> int:
-  """The largest slice of `batch` whose images take at most `budget` bytes on each device.
-
-  The slice is a multiple of `shards` when they divide the batch (data-parallel runs), so every
-  slice has the same number of images on each device; one image per device at least.
-  """
-  shards = shards if batch % shards == 0 else 1
-  local = batch // shards
-  fits = [c for c in range(1, local + 1) if local % c == 0 and c * per_image_bytes <= budget]
-  return max(fits, default=1) * shards
-
-
-def batch_slices(x: jax.Array, images: int) -> jax.Array:
-  """[B, ...] -> [B / images, images, ...]; slice i holds images i, i + n, i + 2n, ... (n =
-  B / images): strided, so with the batch sharded in contiguous blocks every device holds its
-  share of every slice."""
-  return jnp.moveaxis(x.reshape(images, x.shape[0] // images, *x.shape[1:]), 1, 0)
-
-
-def merge_batch_slices(x: jax.Array) -> jax.Array:
-  """The inverse of `batch_slices`."""
-  return jnp.moveaxis(x, 0, 1).reshape(-1, *x.shape[2:])

@@ -1,29 +1,26 @@
-"""The kernels the models are built from, as one injected record with two sets.
+"""The kernels the models are built from, as one injected record, and its `XLA` set.
 
 `XLA`: plain lax / flax ops, what GPUs and TPUs run (cuDNN convolutions, the TPU matrix and
 convolution units, XLA's fused attention). 16-bit floats go through `dot_general` with
 float32 accumulation (`preferred_element_type`) and jax's own derivatives. Dropout masks come
 from a counter hash (models/common.py) that fuses into the select applying them: no
 threefry bits written out per element.
-`CPU`: the kernels that pay on XLA:CPU (cpu/matmul.py, cpu/conv.py,
-cpu/softmax_attention.py, the erf GELU, attention in cache-sized batch slices).
-
-Models take the record as a field and never look at the backend; `for_devices` picks the set
-from the devices a step runs on (the mesh). MAC counts (models/costs.py) use `XLA`.
+The `cpu` set, the kernels that pay on XLA:CPU, is built from the same record in
+vitboot_jax/cpu/kernels.py; vitboot_jax/kernel_sets.py picks a set for the devices a step runs on
+(config.kernels). Models take the record as a field and never look at the backend. MAC counts
+(models/costs.py) use `XLA`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from vitboot_jax.cpu import conv, matmul, softmax_attention
-from vitboot_jax.models import choices, common
+from vitboot_jax.models import common
 
 _HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -37,21 +34,15 @@ class Kernels:
   taps_conv(x, taps, positions, window, padding): the agent's generalised convolution, tap h
     ([C_in, C_out]) at positions[h] of a window x window kernel.
   max_pool(x, window, stride, pad), gelu(x) (exact), dropout(x, rate, key, rows, num_rows).
+  attention(core, q, k, v, *, train): runs `core(q, k, v, rows=None)` -> (output, probabilities
+    or None) on [B, heads, T, d]; a set may run it over slices of the batch (rows: their indices).
   softmax_attention(q, k, v): training attention without dropout on [B, heads, T, d], or None
     for `models/vit.attend` (autodiff of softmax).
   inference_softmax_attention(q, k, v): the same for evaluation, or None for `attend` (whose
     probabilities capture_intermediates can read; a fused op exposes none).
   inference_compiler_options: XLA options for compiling the steps that only run the models
     forward (evaluation), as (name, value) pairs.
-  attention_chunk_bytes: > 0 runs training attention in rematerialised batch slices whose
-    attention matrices take at most this many bytes (models/vit.py); 0 keeps one whole-batch op.
-  attention_whole_batch_bytes: training attention stays one op on each device's whole batch
-    (no slices, no rematerialisation) while its attention matrices take at most this many bytes.
-  inference_attention_chunk_bytes: the same for evaluation (slices without rematerialisation).
-  conv_slice_bytes: > 0 runs float32 stride-1 convolutions whose batch input is too large for
-    the cache in batch slices of at most this many bytes (models/conv.BatchSlices); the set's
-    conv fields are built for it by `for_platform`.
-  batch_shards: how many devices the batch is split over, so slices stay aligned with them.
+  batch_shards: how many devices the batch is split over (the set's slices align with them).
   eval_batches_in_flight: evaluation batches dispatched before the oldest one's sums are
     fetched (evaluate.evaluate): the host feeds the device while it computes.
   """
@@ -64,13 +55,10 @@ class Kernels:
   max_pool: Callable[..., jax.Array]
   gelu: Callable[[jax.Array], jax.Array]
   dropout: Callable[..., jax.Array]
+  attention: Callable[..., tuple[jax.Array, jax.Array | None]]
   softmax_attention: Callable[..., jax.Array] | None = None
   inference_softmax_attention: Callable[..., jax.Array] | None = None
   inference_compiler_options: tuple[tuple[str, Any], ...] = ()
-  attention_chunk_bytes: int = 0
-  attention_whole_batch_bytes: int = 0
-  inference_attention_chunk_bytes: int = 0
-  conv_slice_bytes: int = 0
   batch_shards: int = 1
   eval_batches_in_flight: int = 2
 
@@ -98,29 +86,22 @@ def xla_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_eleme
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, **kw)
 
 
+def assemble_kernel(taps: jax.Array, k: int, positions: Sequence[tuple[int, int]]) -> jax.Array:
+  """[H, D_in, D_out] tap matrices -> [k, k, D_in, D_out] HWIO kernel, zeros elsewhere."""
+  rows = jnp.array([r for r, _ in positions])
+  cols = jnp.array([c for _, c in positions])
+  kernel = jnp.zeros((k, k) + taps.shape[1:], taps.dtype)
+  return kernel.at[rows, cols].set(taps)
+
+
 def xla_taps_conv(x, taps, positions, window: int, padding) -> jax.Array:
   """The generalised convolution as one real convolution over the assembled kernel."""
   return jax.lax.conv_general_dilated(
     x,
-    conv.assemble_kernel(taps, window, positions),
+    assemble_kernel(taps, window, positions),
     (1, 1),
     padding,
     dimension_numbers=("NHWC", "HWIO", "NHWC"),
-  )
-
-
-def cpu_taps_conv(
-  x, taps, positions, window: int, padding, slices: conv.BatchSlices = conv.NO_SLICES
-) -> jax.Array:
-  return conv.taps_conv_matmul_grad(x, taps, positions, window, padding=padding, slices=slices)
-
-
-def _cpu_convs(slice_bytes: int, batch_shards: int) -> dict[str, Callable[..., jax.Array]]:
-  """The cpu set's two convolution fields, slicing batches for `batch_shards` devices."""
-  slices = conv.BatchSlices(slice_bytes, batch_shards)
-  return dict(
-    conv_general_dilated=conv.sliced_conv_hook(slices),
-    taps_conv=functools.partial(cpu_taps_conv, slices=slices),
   )
 
 
@@ -138,6 +119,12 @@ def xla_max_pool(x: jax.Array, window: int, stride: int, pad: int) -> jax.Array:
 
 def xla_gelu(x: jax.Array) -> jax.Array:
   return jax.nn.gelu(x, approximate=False)
+
+
+def whole_batch_attention(core, q: jax.Array, k: jax.Array, v: jax.Array, *, train: bool):
+  """`core` on the whole batch: one op each, whatever the batch size."""
+  del train
+  return core(q, k, v)
 
 
 def fused_attention(
@@ -184,65 +171,8 @@ XLA = Kernels(
   max_pool=xla_max_pool,
   gelu=xla_gelu,
   dropout=common.dropout,
+  attention=whole_batch_attention,
   # Attention without dropout (evaluation; training where config.model.dropout is 0).
   softmax_attention=fused_attention,
   inference_softmax_attention=fused_attention,
 )
-
-# Training attention on CPU runs over slices of the batch whose attention matrices take at
-# most this many bytes each, so logits and probabilities stay in cache from forward to backward.
-CPU_ATTENTION_CHUNK_BYTES = 3 * 2**20
-# A small batch's attention is cheaper in one op than in slices recomputed in backward.
-CPU_ATTENTION_WHOLE_BATCH_BYTES = 6 * 2**20
-# Evaluation keeps no backward: larger slices pay (docs/performance.md).
-CPU_INFERENCE_ATTENTION_CHUNK_BYTES = 24 * 2**20
-# XLA:CPU's convolutions slow down once a batch's activations leave the cache.
-CPU_CONV_SLICE_BYTES = 8 * 2**20
-
-CPU = Kernels(
-  name="cpu",
-  einsum=matmul.einsum,
-  dot_general=matmul.dot_general,
-  **_cpu_convs(CPU_CONV_SLICE_BYTES, batch_shards=1),
-  max_pool=conv.max_pool,
-  gelu=common.gelu,
-  dropout=common.dropout,
-  softmax_attention=softmax_attention.softmax_attention,
-  # XLA:CPU's YNNPACK fusions run the forward pass's batched attention products and the
-  # agent's convolution blocks slower than its other emitters (training steps: no difference).
-  inference_compiler_options=(("xla_cpu_experimental_ynn_fusion_type", ""),),
-  attention_chunk_bytes=CPU_ATTENTION_CHUNK_BYTES,
-  attention_whole_batch_bytes=CPU_ATTENTION_WHOLE_BATCH_BYTES,
-  inference_attention_chunk_bytes=CPU_INFERENCE_ATTENTION_CHUNK_BYTES,
-  conv_slice_bytes=CPU_CONV_SLICE_BYTES,
-  # The host's batch work and the forward pass share the same cores: running ahead cost 1-4%.
-  eval_batches_in_flight=0,
-)
-
-SETS = {"xla": XLA, "cpu": CPU}
-
-
-def resolve(choice: str, platform: str) -> str:
-  """ "auto" -> "cpu" on CPU devices, "xla" on every accelerator; "xla"/"cpu" stay."""
-  if choice not in choices.KERNELS:
-    raise ValueError(f"config.kernels={choice!r} is unknown; choose one of {choices.KERNELS}")
-  if choice == "auto":
-    return "cpu" if platform == "cpu" else "xla"
-  return choice
-
-
-def for_devices(choice: str, devices: Sequence[Any]) -> Kernels:
-  """The kernel set `choice` for a step that runs (data-parallel) on `devices`."""
-  devices = list(devices)
-  platforms = {d.platform for d in devices}
-  if len(platforms) != 1:
-    raise ValueError(f"the mesh mixes device platforms {sorted(platforms)}; use one kind")
-  return for_platform(choice, platforms.pop(), batch_shards=len(devices))
-
-
-def for_platform(choice: str, platform: str, batch_shards: int = 1) -> Kernels:
-  """The kernel set `choice` for `platform` ("cpu", "cuda", "rocm", "tpu", "gpu")."""
-  kernels = SETS[resolve(choice, platform)]
-  shards = max(1, batch_shards)
-  convs = _cpu_convs(kernels.conv_slice_bytes, shards) if kernels.conv_slice_bytes else {}
-  return dataclasses.replace(kernels, batch_shards=shards, **convs)

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vitboot_jax.cpu import conv as conv_lib
 from vitboot_jax.models import common
+from vitboot_jax.models.kernels import XLA, Kernels
 
 # torch.nn.init.kaiming_normal_(mode="fan_out", nonlinearity="relu"): N(0, 2 / (k*k*out)),
 # untruncated. Flax's HWIO kernel gives fan_out = k*k*out as PyTorch does.
@@ -35,6 +35,7 @@ class Bottleneck(nn.Module):
   bn_momentum: float = 0.9
   bn_eps: float = 1e-5
   dtype: Any = jnp.float32
+  kernels: Kernels = XLA
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
@@ -43,7 +44,7 @@ class Bottleneck(nn.Module):
       use_bias=False,
       kernel_init=kaiming_normal_fan_out,
       dtype=self.dtype,
-      conv_general_dilated=conv_lib.conv_general_dilated,
+      conv_general_dilated=self.kernels.conv_general_dilated,
     )
     bn = functools.partial(
       nn.BatchNorm,
@@ -84,6 +85,7 @@ class ResNet(nn.Module):
   bn_momentum: float = 0.9  # Flax momentum = 1 - PyTorch momentum (0.1).
   bn_eps: float = 1e-5
   dtype: Any = jnp.float32
+  kernels: Kernels = XLA
 
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool = False):
@@ -95,7 +97,7 @@ class ResNet(nn.Module):
       use_bias=False,
       kernel_init=kaiming_normal_fan_out,
       dtype=self.dtype,
-      conv_general_dilated=conv_lib.conv_general_dilated,
+      conv_general_dilated=self.kernels.conv_general_dilated,
       name="conv1",
     )(images.astype(self.dtype))
     x = nn.BatchNorm(
@@ -107,7 +109,7 @@ class ResNet(nn.Module):
     )(x)
     x = nn.relu(x)
     # PyTorch's MaxPool2d pads with -inf, as Flax's max_pool does.
-    x = conv_lib.max_pool(x, 3, stride=2, pad=1)
+    x = self.kernels.max_pool(x, 3, stride=2, pad=1)
     features = []
     for stage, num_blocks in enumerate(self.stage_sizes):
       for block in range(num_blocks):
@@ -119,6 +121,7 @@ class ResNet(nn.Module):
           bn_momentum=self.bn_momentum,
           bn_eps=self.bn_eps,
           dtype=self.dtype,
+          kernels=self.kernels,
           name=f"layer{stage + 1}_{block}",
         )(x, train=train)
       features.append(x)
@@ -135,7 +138,11 @@ class ResNet(nn.Module):
 
 
 def resnet50(
-  num_classes: int, dtype: Any = jnp.float32, *, zero_init_residual: bool = False
+  num_classes: int,
+  dtype: Any = jnp.float32,
+  *,
+  zero_init_residual: bool = False,
+  kernels: Kernels = XLA,
 ) -> ResNet:
   """The official baseline: stages [3, 4, 6, 3], 23.53M parameters for 10 classes."""
   return ResNet(
@@ -143,4 +150,5 @@ def resnet50(
     stage_sizes=(3, 4, 6, 3),
     zero_init_residual=zero_init_residual,
     dtype=dtype,
+    kernels=kernels,
   )

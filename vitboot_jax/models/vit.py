@@ -25,28 +25,6 @@ from vitboot_jax.models.kernels import XLA, Kernels
 ATTENTIONS = ("softmax", "entmax")
 
 
-def images_per_chunk(
-  kernels: Kernels, batch: int, heads: int, tokens: int, itemsize: int = 4, *, train: bool = True
-):
-  """The largest slice of the batch whose [heads, T, T] attention fits the kernels' budget
-  (training's or evaluation's).
-
-  Returns `batch` (one slice) when the set does not chunk attention, or, in training, when each
-  device's share fits `kernels.attention_whole_batch_bytes`. The slice is a multiple of
-  `kernels.batch_shards` when the batch is (data-parallel runs), so every slice has the same
-  number of images on each device and the loop needs no communication.
-  """
-  budget = kernels.attention_chunk_bytes if train else kernels.inference_attention_chunk_bytes
-  if not budget:
-    return batch
-  per_image = heads * tokens * tokens * itemsize
-  shards = kernels.batch_shards
-  whole_bytes = kernels.attention_whole_batch_bytes
-  if train and common.images_per_slice(batch, per_image, whole_bytes, shards) == batch:
-    return batch
-  return common.images_per_slice(batch, per_image, budget, shards)
-
-
 def attend(
   q: jax.Array,
   k: jax.Array,
@@ -63,8 +41,8 @@ def attend(
 ) -> tuple[jax.Array, jax.Array]:
   """Attention core on [B, heads, T, d] (q already scaled): returns (output, probabilities).
 
-  `rows` are the batch indices of these images in the whole batch of `num_rows` (chunked
-  attention), so the dropout mask is the one the whole batch would draw.
+  `rows` are the batch indices of these images in the whole batch of `num_rows` (attention in
+  batch slices, `kernels.attention`), so the dropout mask is the one the whole batch would draw.
   """
   logits = kernels.einsum("bhqd,bhkd->bhqk", q, k)
   # Probabilities in float32 even under bf16 compute: attention logits overflow bf16 easily.
@@ -75,25 +53,6 @@ def attend(
   if dropout_key is not None:
     probs = kernels.dropout(probs, dropout_rate, dropout_key, rows, num_rows)
   return kernels.einsum("bhqk,bhkd->bhqd", probs, v), probs
-
-
-def attend_in_chunks(
-  core, q: jax.Array, k: jax.Array, v: jax.Array, chunk: int, *, train: bool = True
-) -> tuple[jax.Array, jax.Array | None]:
-  """`core(q, k, v, rows)` over slices of `chunk` images: (output, probabilities or None).
-
-  Training rematerialises each slice in backward and returns no probabilities; evaluation
-  returns them reassembled (unused, they cost nothing: the step drops them).
-  Slices are strided (common.batch_slices), so every device holds its share of each.
-  """
-  b = q.shape[0]
-  rows = common.batch_slices(jnp.arange(b, dtype=jnp.int32), chunk)
-  slices = (*(common.batch_slices(t, chunk) for t in (q, k, v)), rows)
-  if train:
-    out = jax.lax.map(jax.checkpoint(lambda args: core(*args)[0]), slices)
-    return common.merge_batch_slices(out), None
-  out, probs = jax.lax.map(lambda args: core(*args), slices)
-  return common.merge_batch_slices(out), common.merge_batch_slices(probs)
 
 
 def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:
@@ -174,12 +133,7 @@ class Attention(nn.Module):
     fused = kernels.softmax_attention if train else kernels.inference_softmax_attention
     if self.attention == "softmax" and not use_dropout and fused is not None:
       core = lambda q, k, v, rows=None: (fused(q, k, v), None)
-    b, _, tokens, _ = q.shape
-    chunk = images_per_chunk(self.kernels, b, self.num_heads, tokens, train=train)
-    if chunk < b:
-      out, probs = attend_in_chunks(core, q, k, v, chunk, train=train)
-    else:
-      out, probs = core(q, k, v)
+    out, probs = kernels.attention(core, q, k, v, train=train)
     if probs is not None:
       drop(probs, deterministic=True)  # Exposes the probabilities to capture_intermediates.
     out = einops.rearrange(out, "b h n d -> b n (h d)")

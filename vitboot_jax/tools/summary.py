@@ -19,7 +19,7 @@ import ml_collections
 from absl import app
 from ml_collections import config_flags
 
-from vitboot_jax import configlib
+from vitboot_jax import configlib, kernel_sets
 from vitboot_jax.models import costs, sharing
 from vitboot_jax.models.build import build_models
 
@@ -30,7 +30,7 @@ def summarise(config: ml_collections.ConfigDict) -> dict[str, dict[str, int]]:
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.kernels = "xla"
-  models = build_models(config)
+  models = build_models(config, kernel_sets.for_config(config))
   image_shape = (config.image_size, config.image_size, 3)
   variables = jax.eval_shape(
     models.init, jax.random.key(0), jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)

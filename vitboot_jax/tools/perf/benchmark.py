@@ -48,7 +48,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cli, configlib, errors, evaluate, sharding
+from vitboot_jax import cli, configlib, errors, evaluate, kernel_sets, sharding
 from vitboot_jax import steps as step_lib
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.cpu import devices as cpu_devices
@@ -229,7 +229,9 @@ def _xla_train_step(config, tx, schedule):
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.kernels = "xla"
-  return step_lib.make_train_step(config, build_models(config), tx, schedule, _STEPS_PER_EPOCH)
+  return step_lib.make_train_step(
+    config, build_models(config, kernel_sets.for_config(config)), tx, schedule, _STEPS_PER_EPOCH
+  )
 
 
 def compile_mode_step(

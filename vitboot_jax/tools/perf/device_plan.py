@@ -39,7 +39,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import evaluate, sharding
+from vitboot_jax import evaluate, kernel_sets, sharding
 from vitboot_jax.cpu import host_memory
 from vitboot_jax.data import device_preprocess
 from vitboot_jax.models import kernels as kernels_lib
@@ -147,7 +147,7 @@ def attention_row(ctx: Context, batch: int, dtype: str) -> dict:
   c = ctx.config.copy_and_resolve_references()
   with c.unlocked():
     c.model.dropout = 0.0  # The fused path is the no-dropout one.
-  resolved = kernels_lib.for_devices("xla", mesh.devices.flat)
+  resolved = kernel_sets.for_devices("xla", mesh.devices.flat)
   variants = {
     "plain": dataclasses.replace(
       resolved, softmax_attention=None, inference_softmax_attention=None

@@ -3,11 +3,11 @@ r"""A/B of one kernel choice of the models: the train step with the new and the 
   python -m vitboot_jax.tools.perf.kernel_ab --config=configs/vits_cifar100.py --batch 32 \
     --switch attention_chunks --modes vit,shared --steps 5 [--dtype bfloat16]
 
-Switches (SWITCHES), each a change of the kernel record (models/kernels.py) of the mesh:
+Switches (SWITCHES), each a change of the mesh's kernel record (models/kernels.py, cpu/kernels.py):
 `kernels`, the cpu set against the xla set (the `config.kernels` flip); `attention_chunks`,
 the cpu set's training attention (rematerialised batch slices once a device's share exceeds
 its whole-batch threshold) against whole-batch attention;
-`erf_gelu`, GELU written with erf (models/common.py) against jax's erfc form (cpu set);
+`erf_gelu`, GELU written with erf (cpu/kernels.py) against jax's erfc form (cpu set);
 `bf16_matmuls`, the cpu set with float32 operands of its einsums and Dense layers rounded to
 bfloat16 (float32 sums; cpu/matmul.py `bf16_einsum`) against the plain cpu set;
 `softmax_backward`, the cpu set's training attention with its backward written out
@@ -17,7 +17,7 @@ them, models/common.py) against nn.Dropout's threefry Bernoulli masks;
 `forward_convs`, the cpu set's convolutions (XLA's convolution forward and for the input
 gradient, matmuls for the kernel gradient) against matmuls in both passes;
 `conv_slices`, the cpu set's stride-1 XLA convolutions in batch slices when the batch is too
-large for the cache (models/conv.BatchSlices) against whole-batch convolutions;
+large for the cache (cpu/conv.BatchSlices) against whole-batch convolutions;
 `xla_options`, the step compiled with the XLA options of `--xla_options name=value,...`
 against the default compilation (same kernels).
 
@@ -42,11 +42,11 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import sharding
+from vitboot_jax import kernel_sets, sharding
 from vitboot_jax.cpu import conv, host_memory, matmul
 from vitboot_jax.cpu import devices as cpu_devices
+from vitboot_jax.cpu import kernels as cpu_kernels
 from vitboot_jax.models import kernels as kernels_lib
-from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.kernels import Kernels
 from vitboot_jax.tools.perf import benchmark
 
@@ -54,14 +54,24 @@ from vitboot_jax.tools.perf import benchmark
 def _set(name: str, **changes: Any) -> Callable[[Kernels], Kernels]:
   """Set `name` (with `changes`) on the devices the resolved set was made for."""
   return lambda resolved: dataclasses.replace(
-    kernels_lib.for_platform(name, "cpu", batch_shards=resolved.batch_shards), **changes
+    kernel_sets.for_platform(name, "cpu", batch_shards=resolved.batch_shards), **changes
   )
+
+
+def _cpu_attention(**budgets: int) -> Callable[[Kernels], Kernels]:
+  """The cpu set with its attention slices' `budgets` changed (cpu/attention_chunks.py)."""
+
+  def variant(resolved: Kernels) -> Kernels:
+    cpu = _set("cpu")(resolved)
+    return dataclasses.replace(cpu, attention=dataclasses.replace(cpu.attention, **budgets))
+
+  return variant
 
 
 # switch -> (new variant, old variant): functions of the set the mesh resolves `auto` to.
 SWITCHES: dict[str, tuple[Callable[[Kernels], Kernels], Callable[[Kernels], Kernels]]] = {
   "kernels": (_set("cpu"), _set("xla")),
-  "attention_chunks": (_set("cpu"), _set("cpu", attention_chunk_bytes=0)),
+  "attention_chunks": (_set("cpu"), _cpu_attention(train_bytes=0)),
   "erf_gelu": (_set("cpu"), _set("cpu", gelu=kernels_lib.xla_gelu)),
   "bf16_matmuls": (
     _set("cpu", einsum=matmul.bf16_einsum, dot_general=matmul.bf16_dot_general),
@@ -70,9 +80,7 @@ SWITCHES: dict[str, tuple[Callable[[Kernels], Kernels], Callable[[Kernels], Kern
   "xla_options": (lambda resolved: resolved, lambda resolved: resolved),
   "conv_slices": (
     _set("cpu"),
-    _set(
-      "cpu", conv_general_dilated=conv.conv_general_dilated, taps_conv=kernels_lib.cpu_taps_conv
-    ),
+    _set("cpu", conv_general_dilated=conv.conv_general_dilated, taps_conv=cpu_kernels.taps_conv),
   ),
   "softmax_backward": (_set("cpu"), _set("cpu", softmax_attention=None)),
   "hashed_dropout": (_set("xla"), _set("xla", dropout=kernels_lib.threefry_dropout)),
@@ -110,7 +118,7 @@ def _compile(
   config, mode: str, mesh, *, batch: int, dtype: str | None, switch: str, new: bool, options
 ):
   variant = SWITCHES[switch][0 if new else 1]
-  kernels = variant(kernels_lib.for_devices("auto", mesh.devices.flat))
+  kernels = variant(kernel_sets.for_devices("auto", mesh.devices.flat))
   return benchmark.compile_mode_step(
     config,
     mode,
@@ -166,9 +174,9 @@ def compare_mode(
   if switch == "attention_chunks":
     model = variants["old"].config.model
     tokens = (config.image_size // model.patch_size) ** 2 + 1
-    cpu = SWITCHES[switch][0](kernels_lib.for_devices("auto", mesh.devices.flat))
-    row["images_per_chunk"] = vit_lib.images_per_chunk(cpu, batch, model.num_heads, tokens)
-    row["chunk_bytes"] = cpu.attention_chunk_bytes
+    cpu = SWITCHES[switch][0](kernel_sets.for_devices("auto", mesh.devices.flat))
+    row["images_per_chunk"] = cpu.attention.images(batch, model.num_heads, tokens)
+    row["chunk_bytes"] = cpu.attention.train_bytes
   return row
 
 

@@ -26,11 +26,10 @@ from absl import app, flags
 from jax import export
 from ml_collections import config_flags
 
-from vitboot_jax import configlib, evaluate, optim
+from vitboot_jax import configlib, evaluate, kernel_sets, optim
 from vitboot_jax import steps as step_lib
 from vitboot_jax.data import device_preprocess
 from vitboot_jax.models import costs
-from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 from vitboot_jax.tools.perf import benchmark
@@ -77,7 +76,7 @@ def _export_text(fn: Callable[..., Any], platform: str, args: Sequence[Any]) -> 
 
 def step_specs(config: ml_collections.ConfigDict, platform: str):
   """(train_step, eval_step, state, train batch, eval batch): abstract values, no arrays."""
-  models = build_models(config, platform=platform)
+  models = build_models(config, kernel_sets.for_config(config, platform=platform))
   tx, schedule = optim.mode_optimizer(config, models.names, _STEPS_PER_EPOCH)
   image_shape = (config.image_size, config.image_size, 3)
   init = functools.partial(create_state, models, tx, image_shape=image_shape)
@@ -108,7 +107,7 @@ def lower_mode(
   specs = {} if specs is None else specs
 
   def specs_for(target: str):
-    kernel_set = kernels_lib.resolve(config.get("kernels", "auto"), target)
+    kernel_set = kernel_sets.resolve(config.get("kernels", "auto"), target)
     key = (mode, dtype, config.batch_size, kernel_set)
     if key not in specs:
       specs[key] = step_specs(config, target)
