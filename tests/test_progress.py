@@ -164,3 +164,29 @@ def test_console_of_a_run_is_compact(uninterrupted):
   for chatter in ("train/grad_norm", "train/lr", "oneDNN", "orbax", "absl::InitializeLog"):
     assert chatter not in console, chatter
   assert len(lines) < 60, console
+
+
+def test_the_first_evaluations_compilation_is_left_out_of_the_next_estimates():
+  clock, lines = FakeClock(), []
+  p = _progress(clock, lines, eval_every=20, total_steps=60)
+  clock.now = 10.0
+  p.step(10, {})
+  clock.now = 20.0
+  p.step(20, {})  # 1 s/step.
+
+  def consumed(batches, compile_seconds):
+    """Runs the batches as evaluate.evaluate does: batch 0's call compiles, then 2 s each."""
+    for i, _ in enumerate(batches):
+      clock.now += compile_seconds if i == 0 else 2.0
+
+  with p.evaluating(20):
+    consumed(p.eval_batches(range(10), num_batches=10), compile_seconds=25.0)
+  p.evaluated(20, {"eval/top1_vit": 0.5})
+  assert lines[-1] == "eval at step 20: top-1 vit 50.00% (43s)"  # 25 s + 9 batches of 2 s.
+  assert p.eval_seconds == pytest.approx(18.0)  # What the next evaluations cost.
+  # 40 steps at 1 s and the evaluations at 40 and 60, without the compilation.
+  assert p.eta(20, evaluated=True) == pytest.approx(40 + 2 * 18)
+  clock.now += 10.0
+  p.step(30, {})
+  assert p.seconds_per_step() == pytest.approx(1.0)  # The evaluation is not training time.
+  assert lines[-1].endswith("ETA 1m06s")  # 30 steps and 2 evaluations of 18 s.
