@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests.runs import TINY
 from tests.runs import env as _env
 from vitboot_jax import progress
 
@@ -31,6 +32,16 @@ def _progress(clock, lines, **kwargs):
   )
   args.update(kwargs)
   return progress.Progress(**args)
+
+
+def _trained_to_20(clock, lines, **kwargs):
+  """Steps 1-10 (compilation) in 10 s, then steps 11-20 at 1 s/step."""
+  p = _progress(clock, lines, **kwargs)
+  clock.now = 10.0
+  p.step(10, {})
+  clock.now = 20.0
+  p.step(20, {})
+  return p
 
 
 def test_duration_and_evaluation_count():
@@ -79,11 +90,7 @@ def test_eta_counts_remaining_evaluations_at_their_measured_cost():
 
 def test_a_line_during_a_long_evaluation():
   clock, lines = FakeClock(), []
-  p = _progress(clock, lines)
-  clock.now = 10.0
-  p.step(10, {})
-  clock.now = 20.0
-  p.step(20, {})  # 1 s/step.
+  p = _trained_to_20(clock, lines)
   clock.now = 40.0
   p.step(40, {})
 
@@ -102,11 +109,7 @@ def test_a_line_during_a_long_evaluation():
 
 def test_a_later_evaluation_line_trusts_the_last_evaluation_time():
   clock, lines = FakeClock(), []
-  p = _progress(clock, lines, eval_every=20, total_steps=40)
-  clock.now = 10.0
-  p.step(10, {})
-  clock.now = 20.0
-  p.step(20, {})
+  p = _trained_to_20(clock, lines, eval_every=20, total_steps=40)
 
   def batches(seconds):
     for i in range(10):
@@ -152,6 +155,20 @@ def test_tensorflow_starts_quietly():
   assert "oneDNN" not in proc.stderr and "absl::InitializeLog" not in proc.stderr, proc.stderr
 
 
+def test_summary_prints_no_backend_probe():
+  variables = _env(1)
+  variables.pop("JAX_PLATFORMS")  # As a user runs it: JAX probes every backend, libtpu included.
+  proc = subprocess.run(
+    [sys.executable, "-m", "vitboot_jax.tools.summary", f"--config={TINY}"],
+    env=variables,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("{"), proc.stderr
+  assert "libtpu" not in proc.stderr and "xla_bridge" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.slow
 def test_console_of_a_run_is_compact(uninterrupted):
   """The tiny end-to-end run (30 steps, a line every step, 3 evaluations)."""
@@ -168,11 +185,7 @@ def test_console_of_a_run_is_compact(uninterrupted):
 
 def test_the_first_evaluations_compilation_is_left_out_of_the_next_estimates():
   clock, lines = FakeClock(), []
-  p = _progress(clock, lines, eval_every=20, total_steps=60)
-  clock.now = 10.0
-  p.step(10, {})
-  clock.now = 20.0
-  p.step(20, {})  # 1 s/step.
+  p = _trained_to_20(clock, lines, eval_every=20, total_steps=60)
 
   def consumed(batches, compile_seconds):
     """Runs the batches as evaluate.evaluate does: batch 0's call compiles, then 2 s each."""
