@@ -65,8 +65,8 @@ def test_eta_counts_remaining_evaluations_at_their_measured_cost():
   p.step(10, {"train/loss_vit": 2.0})
   clock.now = 40.0  # 1 s/step from here on.
   p.step(20, {})
-  # 80 steps at 1 s; 3 evaluations of 300 images at a third of 0.1 s per training image.
-  assert p.eta(20) == pytest.approx(80 + 3 * 10)
+  # 80 steps at 1 s; 3 evaluations of 300 images at a fifth of 0.1 s per training image.
+  assert p.eta(20) == pytest.approx(80 + 3 * 6)
   clock.now = 60.0
   p.step(40, {})
   with p.evaluating(40):
@@ -84,7 +84,7 @@ def test_eta_counts_remaining_evaluations_at_their_measured_cost():
   assert line.startswith("step 60/100 ep 3.00  loss agent 1.250 vit 1.500")
   assert "top-1 agent 50.0% vit 25.0%" in line and "  10 img/s" in line and "ETA 2m00s" in line
   assert "grad_norm" not in line and len(line) < 130
-  assert "Evaluating at step 40 (about 10s)." in lines  # 300 images at a third of 0.1 s.
+  assert "Evaluating at step 40 (about 6s)." in lines  # 300 images at a fifth of 0.1 s.
   assert "eval at step 40: top-1 agent 50.00% vit 25.00% (40s)" in lines
 
 
@@ -103,8 +103,8 @@ def test_a_line_during_a_long_evaluation():
     assert list(p.eval_batches(batches(), num_batches=10)) == list(range(10))
   during = [line for line in lines if line.startswith("evaluating at step 40")]
   assert len(during) == 2
-  # 4 of 10 batches in 35 s: 52.5 s left of it, then 60 steps and 2 estimated evaluations.
-  assert during[0] == "evaluating at step 40: batch 4/10  ETA 2m12s"
+  # 4 of 10 batches in 35 s: 52.5 s left of it, then 60 steps and 2 evaluations estimated at 6 s.
+  assert during[0] == "evaluating at step 40: batch 4/10  ETA 2m04s"
 
 
 def test_a_later_evaluation_line_trusts_the_last_evaluation_time():

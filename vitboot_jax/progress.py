@@ -5,12 +5,13 @@ TensorBoard only. The ETA counts the training steps left at the rate measured si
 logged interval (which holds compilation) and every evaluation left at the duration of the last
 one without its first batch's call (which holds the compilation of a process's first evaluation);
 before the first evaluation, an evaluation is estimated at a fixed fraction of the training cost
-per image.
+per image (a fifth, as measured on CPU).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging as logging_lib
 import os
 import sys
@@ -20,7 +21,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from absl import logging
 
-_EVAL_COST_PER_IMAGE = 1 / 3  # Of a training image's cost, until an evaluation is measured.
+# Of a training image's cost, until an evaluation is measured: not the forward's third of the
+# FLOPs, since a training step also pays for augmentation, dropout and the losses
+# (docs/performance.md, "ETA").
+_EVAL_COST_PER_IMAGE = 1 / 5
 EVAL_LOG_SECONDS = 30.0
 
 
@@ -201,14 +205,23 @@ def import_tensorflow():
   """Imports TensorFlow without its C++ INFO start-up lines (printed once per loaded library),
   with its GPUs hidden: it is only the input pipeline and must never take memory JAX needs."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-  if "tensorflow" in sys.modules:
-    return sys.modules["tensorflow"]
+  if "tensorflow" not in sys.modules:
+    _import_quietly("tensorflow")
+  tf = sys.modules["tensorflow"]
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except (RuntimeError, ValueError):  # Its devices are already initialised: nothing to change.
+    pass
+  return tf
+
+
+def _import_quietly(name: str) -> None:
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile(mode="w+b") as captured:
     os.dup2(captured.fileno(), 2)
     try:
-      import tensorflow as tf
+      importlib.import_module(name)
     finally:
       os.dup2(saved, 2)
       os.close(saved)
@@ -217,8 +230,3 @@ def import_tensorflow():
         if not (line.startswith(_TF_STARTUP_CHATTER) or line[:1] == "I" and line[1:5].isdigit()):
           sys.stderr.write(line)
       sys.stderr.flush()
-  try:
-    tf.config.set_visible_devices([], "GPU")
-  except (RuntimeError, ValueError):  # Devices already initialised by an earlier importer.
-    pass
-  return tf

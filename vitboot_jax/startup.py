@@ -41,7 +41,7 @@ def check(
       progress.final_line(final),
     )
     return final
-  if sources.uses_tensorflow(config):
-    progress.import_tensorflow()  # Keeps its GPUs from JAX before tfds may prepare the data.
   datasets.ensure(config, may_download=single_process)
+  if sources.uses_tensorflow(config):
+    progress.import_tensorflow()  # Before JAX starts: TensorFlow must not take its GPUs.
   return None
