@@ -1,4 +1,5 @@
-"""Subprocess runs of `python -m vitboot_jax.main` on the tiny test config, for end-to-end tests."""
+"""Subprocess runs of `python -m vitboot_jax.main` on the tiny test config, for end-to-end tests,
+and the faults those tests inject."""
 
 import json
 import os
@@ -52,3 +53,25 @@ def metrics(workdir):
 
 def train_losses(records):
   return {r["step"]: r["train/loss_vit"] for r in records if "train/loss_vit" in r}
+
+
+def poison_ce_vit(monkeypatch, poisoned):
+  """Makes train/ce_vit NaN at the steps where `poisoned(step)` (traced) holds, in every train
+  step built from now on (one step a call or several)."""
+  import jax.numpy as jnp
+
+  from vitboot_jax import steps
+
+  make_step = steps.make_train_step
+
+  def make_poisoned(*args, **kwargs):
+    step_fn = make_step(*args, **kwargs)
+
+    def step(state, batch):
+      new_state, out = step_fn(state, batch)
+      poison = jnp.where(poisoned(new_state.step), jnp.nan, 1.0)
+      return new_state, {**out, "train/ce_vit": out["train/ce_vit"] * poison}
+
+    return step
+
+  monkeypatch.setattr(steps, "make_train_step", make_poisoned)

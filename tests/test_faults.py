@@ -13,13 +13,13 @@ import threading
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import runs
 from tests.config_files import load_config
 from tests.runs import command, env, metrics, run
-from vitboot_jax import checkpoint, preemption, steps, train
+from vitboot_jax import checkpoint, preemption, train
 from vitboot_jax.data import input_pipeline
 
 # ---------------------------------------------------------------------------------------------
@@ -218,19 +218,7 @@ def _tiny_config(folder):
 @pytest.mark.slow
 def test_non_finite_loss_stops_before_saving_it(image_folder, tmp_path, monkeypatch):
   """A NaN loss at a checkpoint step (8) stops training; steps 4 survives, 8 is never written."""
-  make_step = steps.make_train_step
-
-  def poisoned(*args, **kwargs):
-    step_fn = make_step(*args, **kwargs)
-
-    def step(state, batch):
-      new_state, out = step_fn(state, batch)
-      poison = jnp.where(new_state.step == 8, jnp.nan, 1.0)
-      return new_state, {**out, "train/ce_vit": out["train/ce_vit"] * poison}
-
-    return step
-
-  monkeypatch.setattr(steps, "make_train_step", poisoned)
+  runs.poison_ce_vit(monkeypatch, lambda step: step == 8)
   workdir = tmp_path / "nan"
   with pytest.raises(train.NonFiniteError) as info:
     train.train_and_evaluate(_tiny_config(image_folder), str(workdir))

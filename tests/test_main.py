@@ -176,5 +176,8 @@ def test_finished_workdir_refuses_another_config_and_reruns_the_same(uninterrupt
   _assert_usage_error(proc, "holds a finished run of a different config (num_epochs: 3 -> 4)")
   proc, _ = _main(*base, *same)
   assert proc.returncode == 0 and "already holds a finished run" in proc.stderr
+  final = json.loads((uninterrupted / "final.json").read_text())
+  top1 = f"agent {100 * final['top1_agent']:.2f}%"
+  assert f"Final top-1 (step {final['step']}): {top1}" in proc.stderr
   assert (uninterrupted / "metrics.jsonl").read_text() == before
   assert json.loads((uninterrupted / "config.json").read_text())["num_epochs"] == 3

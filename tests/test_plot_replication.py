@@ -96,6 +96,15 @@ def test_plot_writes_a_png(tmp_path):
   assert result.returncode == 0, result.stderr[-2000:]
   assert json.loads(result.stdout.splitlines()[-1]) == {"out": str(out), "workdirs": workdirs}
   image = tf.io.decode_png(out.read_bytes()).numpy()
+  default = subprocess.run(
+    [sys.executable, "-m", "vitboot_jax.tools.plot", f"--workdirs={workdirs[1]}"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert default.returncode == 0, default.stderr[-2000:]
+  assert json.loads(default.stdout.splitlines()[-1])["out"] == str(tmp_path / "joint/curves.png")
+  assert (tmp_path / "joint" / "curves.png").stat().st_size > 0
   rows, cols = plot.GRID
   expected = (
     round(rows * plot.PANEL_INCHES[1] * plot.DPI),

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests.runs import TINY
 from tests.runs import env as _env
 from vitboot_jax import progress
 
@@ -33,6 +34,16 @@ def _progress(clock, lines, **kwargs):
   return progress.Progress(**args)
 
 
+def _trained_to_20(clock, lines, **kwargs):
+  """Steps 1-10 (compilation) in 10 s, then steps 11-20 at 1 s/step."""
+  p = _progress(clock, lines, **kwargs)
+  clock.now = 10.0
+  p.step(10, {})
+  clock.now = 20.0
+  p.step(20, {})
+  return p
+
+
 def test_duration_and_evaluation_count():
   assert [progress.duration(s) for s in (4.4, 65, 3725)] == ["4s", "1m05s", "1h02m"]
   # Evaluations at 40, 80 and the last step 100.
@@ -54,8 +65,8 @@ def test_eta_counts_remaining_evaluations_at_their_measured_cost():
   p.step(10, {"train/loss_vit": 2.0})
   clock.now = 40.0  # 1 s/step from here on.
   p.step(20, {})
-  # 80 steps at 1 s; 3 evaluations of 300 images at a third of 0.1 s per training image.
-  assert p.eta(20) == pytest.approx(80 + 3 * 10)
+  # 80 steps at 1 s; 3 evaluations of 300 images at a fifth of 0.1 s per training image.
+  assert p.eta(20) == pytest.approx(80 + 3 * 6)
   clock.now = 60.0
   p.step(40, {})
   with p.evaluating(40):
@@ -73,17 +84,13 @@ def test_eta_counts_remaining_evaluations_at_their_measured_cost():
   assert line.startswith("step 60/100 ep 3.00  loss agent 1.250 vit 1.500")
   assert "top-1 agent 50.0% vit 25.0%" in line and "  10 img/s" in line and "ETA 2m00s" in line
   assert "grad_norm" not in line and len(line) < 130
-  assert "Evaluating at step 40 (about 10s)." in lines  # 300 images at a third of 0.1 s.
+  assert "Evaluating at step 40 (about 6s)." in lines  # 300 images at a fifth of 0.1 s.
   assert "eval at step 40: top-1 agent 50.00% vit 25.00% (40s)" in lines
 
 
 def test_a_line_during_a_long_evaluation():
   clock, lines = FakeClock(), []
-  p = _progress(clock, lines)
-  clock.now = 10.0
-  p.step(10, {})
-  clock.now = 20.0
-  p.step(20, {})  # 1 s/step.
+  p = _trained_to_20(clock, lines)
   clock.now = 40.0
   p.step(40, {})
 
@@ -96,17 +103,13 @@ def test_a_line_during_a_long_evaluation():
     assert list(p.eval_batches(batches(), num_batches=10)) == list(range(10))
   during = [line for line in lines if line.startswith("evaluating at step 40")]
   assert len(during) == 2
-  # 4 of 10 batches in 35 s: 52.5 s left of it, then 60 steps and 2 estimated evaluations.
-  assert during[0] == "evaluating at step 40: batch 4/10  ETA 2m12s"
+  # 4 of 10 batches in 35 s: 52.5 s left of it, then 60 steps and 2 evaluations estimated at 6 s.
+  assert during[0] == "evaluating at step 40: batch 4/10  ETA 2m04s"
 
 
 def test_a_later_evaluation_line_trusts_the_last_evaluation_time():
   clock, lines = FakeClock(), []
-  p = _progress(clock, lines, eval_every=20, total_steps=40)
-  clock.now = 10.0
-  p.step(10, {})
-  clock.now = 20.0
-  p.step(20, {})
+  p = _trained_to_20(clock, lines, eval_every=20, total_steps=40)
 
   def batches(seconds):
     for i in range(10):
@@ -152,6 +155,20 @@ def test_tensorflow_starts_quietly():
   assert "oneDNN" not in proc.stderr and "absl::InitializeLog" not in proc.stderr, proc.stderr
 
 
+def test_summary_prints_no_backend_probe():
+  variables = _env(1)
+  variables.pop("JAX_PLATFORMS")  # As a user runs it: JAX probes every backend, libtpu included.
+  proc = subprocess.run(
+    [sys.executable, "-m", "vitboot_jax.tools.summary", f"--config={TINY}"],
+    env=variables,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("{"), proc.stderr
+  assert "libtpu" not in proc.stderr and "xla_bridge" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.slow
 def test_console_of_a_run_is_compact(uninterrupted):
   """The tiny end-to-end run (30 steps, a line every step, 3 evaluations)."""
@@ -164,3 +181,25 @@ def test_console_of_a_run_is_compact(uninterrupted):
   for chatter in ("train/grad_norm", "train/lr", "oneDNN", "orbax", "absl::InitializeLog"):
     assert chatter not in console, chatter
   assert len(lines) < 60, console
+
+
+def test_the_first_evaluations_compilation_is_left_out_of_the_next_estimates():
+  clock, lines = FakeClock(), []
+  p = _trained_to_20(clock, lines, eval_every=20, total_steps=60)
+
+  def consumed(batches, compile_seconds):
+    """Runs the batches as evaluate.evaluate does: batch 0's call compiles, then 2 s each."""
+    for i, _ in enumerate(batches):
+      clock.now += compile_seconds if i == 0 else 2.0
+
+  with p.evaluating(20):
+    consumed(p.eval_batches(range(10), num_batches=10), compile_seconds=25.0)
+  p.evaluated(20, {"eval/top1_vit": 0.5})
+  assert lines[-1] == "eval at step 20: top-1 vit 50.00% (43s)"  # 25 s + 9 batches of 2 s.
+  assert p.eval_seconds == pytest.approx(18.0)  # What the next evaluations cost.
+  # 40 steps at 1 s and the evaluations at 40 and 60, without the compilation.
+  assert p.eta(20, evaluated=True) == pytest.approx(40 + 2 * 18)
+  clock.now += 10.0
+  p.step(30, {})
+  assert p.seconds_per_step() == pytest.approx(1.0)  # The evaluation is not training time.
+  assert lines[-1].endswith("ETA 1m06s")  # 30 steps and 2 evaluations of 18 s.

@@ -172,19 +172,7 @@ def test_sigterm_saves_within_one_call_and_resumes(vit_runs, image_folder, tmp_p
 @pytest.mark.slow
 def test_non_finite_step_inside_a_call_is_named(image_folder, tmp_path, monkeypatch):
   """A NaN at step 6 of the call of steps 5-8: step 6 is named, checkpoint 4 stays the newest."""
-  make_step = steps.make_train_step
-
-  def poisoned(*args, **kwargs):
-    step_fn = make_step(*args, **kwargs)
-
-    def step(state, batch):
-      new_state, out = step_fn(state, batch)
-      poison = jnp.where(new_state.step >= 6, jnp.nan, 1.0)
-      return new_state, {**out, "train/ce_vit": out["train/ce_vit"] * poison}
-
-    return step
-
-  monkeypatch.setattr(steps, "make_train_step", poisoned)
+  runs.poison_ce_vit(monkeypatch, lambda step: step >= 6)
   config = load_config("tiny_config", "mode=vit")
   config.data.dir = str(image_folder)
   config.num_epochs = 1

@@ -345,3 +345,20 @@ def test_plot_and_sweep_read_a_bucket_workdir(fake_bucket):
   entry = next(e for e in sweep.aggregate(table, s) if e["name"] == "Ours-Shared S")
   assert entry["status"] == "done" and entry["top1"]["vit"]["mean"] == pytest.approx(75.12)
   assert f"--workdir={workdir}" in entry["commands"][0]
+
+
+def test_startup_of_a_finished_run_logs_its_results_and_touches_no_data(tmp_path, caplog):
+  from tests.config_files import load_config
+  from vitboot_jax import startup
+
+  config = load_config("tiny_config")
+  config.data.pipeline = "device"  # An image folder needs no TensorFlow on this pipeline.
+  config.data.dir = str(tmp_path / "no_data_here")  # Never looked at: nothing is left to do.
+  _write_run(tmp_path / "run", config, finished=True)
+  with caplog.at_level(logging.INFO):
+    final = startup.check(config, tmp_path / "run", single_process=True)
+  assert final == {"step": 30, "top1_vit": 0.5}
+  assert "Final top-1 (step 30): vit 50.00%." in caplog.text
+  with pytest.raises(errors.DataError):  # The same config in a fresh workdir needs its data.
+    startup.check(config, tmp_path / "fresh", single_process=True)
+  assert not (tmp_path / "fresh").exists()

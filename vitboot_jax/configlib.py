@@ -241,11 +241,6 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
       f"config.data.pipeline='device' does not implement config.data.augment="
       f"{c.data.augment!r} (only {DEVICE_AUGMENTS}); use --config.data.pipeline=tfdata"
     )
-  if pipeline == "device" and num_devices and c.data.eval_batch_size % num_devices:
-    raise ConfigError(
-      f"config.data.eval_batch_size={c.data.eval_batch_size} is not divisible by the "
-      f"{num_devices} devices; use a multiple of {num_devices}"
-    )
   if not 0.0 < c.data.train_fraction <= 1.0:
     raise ConfigError(f"config.data.train_fraction={c.data.train_fraction} must be in (0, 1]")
   if c.batch_size <= 0:
@@ -259,11 +254,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     raise ConfigError(
       f"config.steps_per_call={steps_per_call!r} must be a positive integer (1: one step a call)"
     )
-  if num_devices is not None and c.batch_size % num_devices:
-    raise ConfigError(
-      f"config.batch_size={c.batch_size} is not divisible by the {num_devices} devices; "
-      f"use a multiple of {num_devices}"
-    )
+  if num_devices is not None:
+    check_devices(c, num_devices)
   if c.loss.feature_decay not in FEATURE_DECAYS:
     raise ConfigError(
       f"config.loss.feature_decay={c.loss.feature_decay!r} is unknown; choose one of "
@@ -277,4 +269,18 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     raise ConfigError(
       f"config.align_granularity={c.align_granularity!r} is unknown; choose one of "
       f"{ALIGN_GRANULARITIES}"
+    )
+
+
+def check_devices(c: ml_collections.ConfigDict, num_devices: int) -> None:
+  """The checks that need the device count (known once JAX has started)."""
+  if c.data.get("pipeline", "tfdata") == "device" and c.data.eval_batch_size % num_devices:
+    raise ConfigError(
+      f"config.data.eval_batch_size={c.data.eval_batch_size} is not divisible by the "
+      f"{num_devices} devices; use a multiple of {num_devices}"
+    )
+  if c.batch_size % num_devices:
+    raise ConfigError(
+      f"config.batch_size={c.batch_size} is not divisible by the {num_devices} devices; "
+      f"use a multiple of {num_devices}"
     )

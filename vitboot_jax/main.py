@@ -91,27 +91,18 @@ def main(argv):
     print(config)
     return
   progress.quiet_libraries()
-  from vitboot_jax import configlib, workdirs
-  from vitboot_jax.data import datasets
+  from vitboot_jax import startup
 
-  # The user's mistakes, in seconds: before TensorFlow and JAX load and before anything is written.
+  # The user's mistakes, in seconds: before JAX loads and before anything is written.
   split = None
   try:
-    configlib.validate(config)
-    if workdirs.check(_WORKDIR.value, config, single_process=not _is_multi_process()) is not None:
-      logging.info("%s already holds a finished run of this config; nothing to do.", _WORKDIR.value)
-      return
-    datasets.ensure(config, may_download=not _is_multi_process())
-    if not _is_multi_process():
+    single_process = not _is_multi_process()
+    if startup.check(config, _WORKDIR.value, single_process=single_process) is not None:
+      return  # A finished run of this config: its results are logged.
+    if single_process:
       split = cpu_devices.split_host_for(config, requested=_CPU_DEVICES.value)
   except errors.UsageError as error:
     cli.fail(str(error))
-  from vitboot_jax.data import sources
-
-  if sources.uses_tensorflow(config):
-    # TensorFlow is only the input pipeline: it must never take an accelerator from JAX.
-    tf = progress.import_tensorflow()
-    tf.config.set_visible_devices([], "GPU")
   initialise_distributed()
   import jax
 
@@ -140,7 +131,7 @@ def main(argv):
   from vitboot_jax import checkpoint, preemption
 
   try:
-    train.train_and_evaluate(config, _WORKDIR.value)
+    train.train_and_evaluate(config, _WORKDIR.value, checked=True)
   except errors.UsageError as error:
     cli.fail(str(error))
   except preemption.Preempted as stopped:

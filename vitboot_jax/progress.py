@@ -3,13 +3,15 @@
 Everything else (every loss term, gradient norms, learning rate) goes to metrics.jsonl and
 TensorBoard only. The ETA counts the training steps left at the rate measured since the first
 logged interval (which holds compilation) and every evaluation left at the duration of the last
-one; before the first evaluation, an evaluation is estimated at a third of the training cost per
-image (a forward pass without the backward).
+one without its first batch's call (which holds the compilation of a process's first evaluation);
+before the first evaluation, an evaluation is estimated at a fixed fraction of the training cost
+per image (a fifth, as measured on CPU).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging as logging_lib
 import os
 import sys
@@ -19,7 +21,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from absl import logging
 
-_EVAL_COST_PER_IMAGE = 1 / 3  # Of a training image's cost, until an evaluation is measured.
+# Of a training image's cost, until an evaluation is measured: not the forward's third of the
+# FLOPs, since a training step also pays for augmentation, dropout and the losses
+# (docs/performance.md, "ETA").
+_EVAL_COST_PER_IMAGE = 1 / 5
 EVAL_LOG_SECONDS = 30.0
 
 
@@ -62,7 +67,9 @@ class Progress:
     self._first_interval = True  # Holds compilation: left out of the rate once others exist.
     self._steps, self._seconds = 0, 0.0  # Training since the first interval.
     self._first_rate: float | None = None
-    self.eval_seconds: float | None = None  # Duration of the last evaluation.
+    self.eval_seconds: float | None = None  # The last evaluation's, less its first call.
+    self._eval_took = 0.0  # The last evaluation's whole duration.
+    self._first_call = 0.0  # Its first batch's call: compilation, in a process's first one.
     self.top1: dict[str, float] = {}
 
   def seconds_per_step(self) -> float | None:
@@ -101,7 +108,7 @@ class Progress:
     if losses:
       line += "  loss " + " ".join(f"{k} {v:.3f}" for k, v in losses.items())
     if self.top1:
-      line += "  top-1 " + " ".join(f"{k} {100 * v:.1f}%" for k, v in self.top1.items())
+      line += "  top-1 " + _percentages(self.top1, digits=1)
     self._log("%s  %.0f img/s  ETA %s", line, rate * self.batch, duration(self.eta(step)))
     return {"train/img_per_s": rate * self.batch}
 
@@ -109,11 +116,12 @@ class Progress:
   def evaluating(self, step: int) -> Iterator[None]:
     """Times an evaluation at `step` (kept out of the training rate)."""
     start = self._clock()
-    self._eval_step, self._eval_start = step, start
+    self._eval_step, self._eval_start, self._first_call = step, start, 0.0
     self._log("Evaluating at step %d (about %s).", step, duration(self._eval_estimate()))
     yield
-    self.eval_seconds = self._clock() - start
-    self._paused += self.eval_seconds
+    self._eval_took = self._clock() - start
+    self._paused += self._eval_took
+    self.eval_seconds = self._eval_took - self._first_call
 
   def eval_batches(self, batches: Iterable, num_batches: int) -> Iterator:
     """Passes `batches` through, logging a line every EVAL_LOG_SECONDS of the evaluation."""
@@ -123,7 +131,7 @@ class Progress:
       if i and now - last >= EVAL_LOG_SECONDS:
         last = now
         elapsed = now - self._eval_start
-        left = elapsed / i * max(num_batches - i, 0)
+        left = (elapsed - self._first_call) / i * max(num_batches - i, 0)
         if self.eval_seconds is not None:  # Batches do not cost alike; the last run's time holds.
           left = max(left, self.eval_seconds - elapsed)
         after = self.eta(self._eval_step, evaluated=True)  # What follows this evaluation.
@@ -134,7 +142,10 @@ class Progress:
           num_batches,
           duration(left + after),
         )
+      handed = self._clock()
       yield batch
+      if i == 0:  # The consumer asks for batch 1 once batch 0's call has compiled and dispatched.
+        self._first_call = self._clock() - handed
 
   def evaluated(self, step: int, eval_metrics: Mapping[str, float]) -> None:
     """Logs the evaluation's top-1 and remembers it for the following lines."""
@@ -142,9 +153,19 @@ class Progress:
     self._log(
       "eval at step %d: top-1 %s (%s)",
       step,
-      " ".join(f"{k} {100 * v:.2f}%" for k, v in self.top1.items()),
-      duration(self.eval_seconds or 0.0),
+      _percentages(self.top1),
+      duration(self._eval_took),
     )
+
+
+def final_line(final: Mapping[str, float]) -> str:
+  """What a finished run's final.json says: its last step and each model's top-1."""
+  top1 = _percentages(_by_model(final, "top1_"))
+  return f"Final top-1 (step {final.get('step', '?')}): {top1 or 'none recorded'}."
+
+
+def _percentages(by_model: Mapping[str, float], digits: int = 2) -> str:
+  return " ".join(f"{k} {100 * v:.{digits}f}%" for k, v in by_model.items())
 
 
 def _by_model(scalars: Mapping[str, float], prefix: str) -> dict[str, float]:
@@ -171,23 +192,36 @@ class _QuietLibraries(logging_lib.Filter):
 
 
 def quiet_libraries() -> None:
-  """Keeps orbax's and tfds' INFO logs off the console (absl's handler), warnings stay."""
+  """Keeps orbax's, tfds' and JAX's backend-probing INFO logs off the console (absl's handler)
+  and TensorFlow's C++ INFO logs off stderr; warnings stay. Call it before JAX starts a backend
+  (main and every tool)."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _QuietLibraries) for f in handler.filters):
     handler.addFilter(_QuietLibraries())
 
 
 def import_tensorflow():
-  """Imports TensorFlow without its C++ INFO start-up lines (printed once per loaded library)."""
+  """Imports TensorFlow without its C++ INFO start-up lines (printed once per loaded library),
+  with its GPUs hidden: it is only the input pipeline and must never take memory JAX needs."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-  if "tensorflow" in sys.modules:
-    return sys.modules["tensorflow"]
+  if "tensorflow" not in sys.modules:
+    _import_quietly("tensorflow")
+  tf = sys.modules["tensorflow"]
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except (RuntimeError, ValueError):  # Its devices are already initialised: nothing to change.
+    pass
+  return tf
+
+
+def _import_quietly(name: str) -> None:
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile(mode="w+b") as captured:
     os.dup2(captured.fileno(), 2)
     try:
-      import tensorflow as tf
+      importlib.import_module(name)
     finally:
       os.dup2(saved, 2)
       os.close(saved)
@@ -196,4 +230,3 @@ def import_tensorflow():
         if not (line.startswith(_TF_STARTUP_CHATTER) or line[:1] == "I" and line[1:5].isdigit()):
           sys.stderr.write(line)
       sys.stderr.flush()
-  return tf

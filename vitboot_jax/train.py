@@ -28,11 +28,12 @@ from vitboot_jax import (
   preemption,
   progress,
   sharding,
+  startup,
   workdir_claim,
   workdirs,
 )
 from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.data import datasets, feeds, sources
+from vitboot_jax.data import feeds, sources
 from vitboot_jax.state import TrainState
 
 
@@ -131,16 +132,103 @@ def _evaluation_missing(workdir: epath.Path, step: int, eval_every: int, total_s
   return not any(r["step"] == step and any(k.startswith("eval/") for k in r) for r in records)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains and evaluates `config` in `workdir`; returns the final metrics (final.json)."""
-  configlib.validate(config, num_devices=jax.device_count())
+class _Loop:
+  """What the loop does besides the steps: logs, evaluates, checks finiteness, saves and stops."""
+
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    feed: feeds.Feed,
+    trainer: trainer_lib.Trainer,
+    ckpt: checkpoint.Checkpointer,
+    writer: metrics.MetricWriter,
+    progress_log: progress.Progress,
+  ):
+    self._config, self._feed, self._trainer = config, feed, trainer
+    self._ckpt, self._writer, self._progress = ckpt, writer, progress_log
+    self._per_epoch, self._total = progress_log.per_epoch, progress_log.total
+    self._num_eval_batches = -(-feed.info.num_eval_examples // config.data.eval_batch_size)
+    self._finite = _FiniteCheck(ckpt)
+
+  def ran(self, first: int, last: int, call_metrics: dict[str, jax.Array]) -> None:
+    """Queues the finite check of steps first..last (one call) and logs those due a line."""
+    self._finite.add(first, last - first + 1, call_metrics)
+    every = self._config.log_every_steps
+    logged = [s for s in range(first, last + 1) if s % every == 0 or s == self._total]
+    if not logged:
+      return
+    fetched = jax.device_get(call_metrics)
+    # The throughput is measured once a call: its steps finish together.
+    rate = self._progress.step(logged[-1], _step_values(fetched, logged[-1] - first))
+    for s in logged:
+      scalars = _step_values(fetched, s - first)
+      self._writer.write(s, {"epoch": s / self._per_epoch, **scalars, **rate})
+
+  def evaluate(
+    self, step: int, state: TrainState, stop: preemption.StopSignals | None = None
+  ) -> dict[str, float]:
+    """Evaluates `state` (of step `step`); a signal to `stop` raises EvaluationInterrupted."""
+    batches = self._progress.eval_batches(self._feed.eval_batches(), self._num_eval_batches)
+    if stop is not None:
+      batches = stop.interrupting(batches)
+    in_flight = self._trainer.models.kernels.eval_batches_in_flight
+    with self._progress.evaluating(step):
+      return evaluate.evaluate(
+        self._trainer.eval_step, state.params, state.batch_stats, batches, in_flight
+      )
+
+  def evaluate_and_log(
+    self,
+    step: int,
+    state: TrainState,
+    stop: preemption.StopSignals | None,
+    *,
+    saved: bool = False,
+  ) -> dict[str, float]:
+    """Evaluates and logs step `step`. A signal to `stop` during it saves the step (unless
+    already `saved`) and raises preemption.Preempted: the evaluation runs again on resume."""
+    self._finite.now()
+    try:
+      eval_metrics = self.evaluate(step, state, stop)
+    except preemption.EvaluationInterrupted:
+      if not saved:
+        self._ckpt.save(step, state, force=True)  # Checked finite before the evaluation.
+      logging.warning("The evaluation of step %d stopped early; it runs again on resume.", step)
+      raise self.stopped(stop, step) from None
+    self._writer.write(step, {"epoch": step / self._per_epoch, **eval_metrics})
+    self._progress.evaluated(step, eval_metrics)
+    return eval_metrics
+
+  def save(self, step: int, state: TrainState) -> None:
+    self._finite.now()  # Never save a non-finite state.
+    self._ckpt.save(step, state, force=True)
+
+  def stopped(self, stop: preemption.StopSignals, step: int) -> preemption.Preempted:
+    """Closes the writers once `step` is saved; main turns the exception into the exit."""
+    self._writer.flush()
+    self._ckpt.close()
+    self._writer.close()
+    return preemption.Preempted(stop.received, step, str(self._ckpt.step_dir(step)))
+
+
+def train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str, *, checked: bool = False
+) -> dict[str, Any]:
+  """Trains and evaluates `config` in `workdir`; returns the final metrics (final.json).
+
+  `checked`: the caller (main, before loading JAX) already ran startup.check for this config
+  and workdir; only the device count is left to check. Library callers leave it False.
+  """
   workdir = epath.Path(workdir)
-  # Nothing is written to the workdir before these checks pass (the Checkpointer creates it).
-  final = workdirs.check(workdir, config, single_process=jax.process_count() == 1)
-  if final is not None:
-    logging.info("%s already holds a finished run of this config; nothing to do.", workdir)
-    return final
-  datasets.ensure(config, may_download=jax.process_count() == 1)
+  if checked:
+    configlib.check_devices(config, jax.device_count())
+  else:
+    single_process = jax.process_count() == 1
+    num_devices = jax.device_count()
+    final = startup.check(config, workdir, single_process=single_process, num_devices=num_devices)
+    if final is not None:
+      return final
+  # Nothing was written to the workdir before these checks passed (the Checkpointer creates it).
   claim = workdir_claim.acquire_for_run(workdir)  # One run per workdir: a second one stops here.
 
   mesh = sharding.make_mesh()
@@ -152,7 +240,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   steps_per_epoch = info.steps_per_epoch
   total_steps = _total_steps(config, steps_per_epoch)
   trainer = trainer_lib.build(config, mesh, steps_per_epoch)
-  models, train_step, eval_step = trainer.models, trainer.train_step, trainer.eval_step
 
   ckpt = checkpoint.Checkpointer(
     workdir, keep=config.keep_checkpoints, save_every_steps=config.checkpoint_every_steps
@@ -171,38 +258,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     metrics.write_json(workdir / workdirs.CONFIG_FILE, json.loads(config.to_json_best_effort()))
     metrics.write_json(workdir / workdirs.DATA_FILE, data_record)
 
-  def run_eval(state: TrainState, stop: preemption.StopSignals | None = None) -> dict[str, float]:
-    """Evaluates `state`; a signal to `stop` raises preemption.EvaluationInterrupted."""
-    batches = progress_log.eval_batches(feed.eval_batches(), num_eval_batches)
-    if stop is not None:
-      batches = stop.interrupting(batches)
-    in_flight = models.kernels.eval_batches_in_flight
-    return evaluate.evaluate(eval_step, state.params, state.batch_stats, batches, in_flight)
-
-  def evaluate_and_log(
-    step: int, state: TrainState, stop: preemption.StopSignals | None
-  ) -> dict[str, float]:
-    finite.now()
-    with progress_log.evaluating(step):
-      eval_metrics = run_eval(state, stop)
-    writer.write(step, {"epoch": step / steps_per_epoch, **eval_metrics})
-    progress_log.evaluated(step, eval_metrics)
-    return eval_metrics
-
-  def stopped(stop: preemption.StopSignals, step: int) -> preemption.Preempted:
-    """Closes the writers once `step` is saved; main turns the exception into the exit."""
-    writer.flush()
-    ckpt.close()
-    writer.close()
-    return preemption.Preempted(stop.received, step, str(ckpt.step_dir(step)))
-
-  def evaluation_cut(stop: preemption.StopSignals, step: int) -> preemption.Preempted:
-    logging.warning("The evaluation of step %d stopped early; it runs again on resume.", step)
-    return stopped(stop, step)
-
   eval_every = eval_interval(config, steps_per_epoch)
   steps_per_call = config.get("steps_per_call", 1)
-  num_eval_batches = -(-info.num_eval_examples // config.data.eval_batch_size)
   progress_log = progress.Progress(
     total_steps=total_steps,
     steps_per_epoch=steps_per_epoch,
@@ -211,9 +268,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     eval_every=eval_every,
     num_eval_examples=info.num_eval_examples,
   )
+  loop = _Loop(config, feed, trainer, ckpt, writer, progress_log)
   logging.info(
     "Training %s (%s) for %d steps (%d per epoch, %d examples) on %d devices, %d processes",
-    "+".join(models.names),
+    "+".join(trainer.models.names),
     config.mode,
     total_steps,
     steps_per_epoch,
@@ -224,48 +282,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_start = time.perf_counter()
   eval_metrics: dict[str, float] = {}
   next_input = feed.train(start_step)
-  finite = _FiniteCheck(ckpt)
   with preemption.StopSignals() as stop:
     if _evaluation_missing(workdir, start_step, eval_every, total_steps):
-      try:  # A stop signal cut this step's evaluation short: it was saved unevaluated.
-        eval_metrics = evaluate_and_log(start_step, state, stop)
-      except preemption.EvaluationInterrupted:
-        raise evaluation_cut(stop, start_step) from None
+      # A stop signal cut this step's evaluation short: it was saved unevaluated.
+      eval_metrics = loop.evaluate_and_log(start_step, state, stop, saved=True)
     step, calls = start_step, start_step
     while step < total_steps:
       # One jitted call runs steps first..step; it ends on every evaluation and checkpoint step.
       n = call_length(step, steps_per_call, total_steps, eval_every, config.checkpoint_every_steps)
       first, step, calls = step + 1, step + n, calls + 1
-      call = train_step if n == 1 else trainer.multi_step(n)
+      call = trainer.train_step if n == 1 else trainer.multi_step(n)
       state, call_metrics = call(state, next_input(n))
-      finite.add(first, n, call_metrics)
+      loop.ran(first, step, call_metrics)
       is_last = step == total_steps
-      log_every = config.log_every_steps
-      logged = [s for s in range(first, step + 1) if s % log_every == 0 or s == total_steps]
-      if logged:
-        fetched = jax.device_get(call_metrics)
-        # The throughput is measured once a call: its steps finish together.
-        rate = progress_log.step(logged[-1], _step_values(fetched, logged[-1] - first))
-        for s in logged:
-          scalars = _step_values(fetched, s - first)
-          writer.write(s, {"epoch": s / steps_per_epoch, **scalars, **rate})
       if step % eval_every == 0 or is_last:
-        try:  # The final evaluation always finishes: final.json needs it.
-          eval_metrics = evaluate_and_log(step, state, None if is_last else stop)
-        except preemption.EvaluationInterrupted:
-          ckpt.save(step, state, force=True)  # Checked finite before the evaluation.
-          raise evaluation_cut(stop, step) from None
+        # The final evaluation always finishes: final.json needs it.
+        eval_metrics = loop.evaluate_and_log(step, state, None if is_last else stop)
       stopping = stop.reached(calls) and not is_last  # Within one call of the signal.
       if is_last or stopping or ckpt.should_save(step):
-        finite.now()  # Never save a non-finite state.
-        ckpt.save(step, state, force=True)
+        loop.save(step, state)
       if stopping:
-        raise stopped(stop, step)
+        raise loop.stopped(stop, step)
   writer.flush()
   ckpt.wait()
 
   if not eval_metrics:  # Restarted at the very end (the last checkpoint was the final step).
-    eval_metrics = run_eval(state)
+    eval_metrics = loop.evaluate(total_steps, state)
   final = {
     "step": int(jnp.asarray(state.step)),
     "epochs": total_steps / steps_per_epoch,

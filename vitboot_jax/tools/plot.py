@@ -1,7 +1,9 @@
 r"""Training curves of one or more runs in one PNG, read from each workdir's metrics.jsonl.
 
-  python -m vitboot_jax.tools.plot --workdirs=workdirs/vit,workdirs/shared --out=curves.png \
-    --labels=vit,shared [--smooth=10]
+  python -m vitboot_jax.tools.plot --workdirs=workdirs/vit,workdirs/shared \
+    --labels=vit,shared [--smooth=10] [--out=PNG]
+
+The PNG goes to the first run's workdir (workdirs/vit/curves.png) unless --out names another.
 
 Panels (x axis: epochs):
   * eval top-1 of every model of every run, the paper's Fig. 5: one colour per run, ViT solid,
@@ -37,6 +39,7 @@ from vitboot_jax import metrics
 MODEL_STYLES = {"vit": "-", "agent": "--", "cnn": ":"}
 MODEL_LABELS = {"vit": "ViT", "agent": "agent", "cnn": "CNN"}
 DEFAULT_SMOOTH = 10
+DEFAULT_OUT = "curves.png"  # In the first run's workdir: nothing lands in the repository root.
 # (row, col) grid of the figure and the size of one panel in inches.
 GRID = (4, 2)
 PANEL_INCHES = (6.0, 3.4)
@@ -163,7 +166,7 @@ def _plot_train(
 
 def plot_runs(
   workdirs: Sequence[str | os.PathLike],
-  out: str | os.PathLike,
+  out: str | os.PathLike | None = None,
   labels: Sequence[str] | None = None,
   smooth: int = DEFAULT_SMOOTH,
   title: str | None = None,
@@ -172,7 +175,7 @@ def plot_runs(
 
   Args:
     workdirs: Run directories holding metrics.jsonl.
-    out: Output PNG path; its parent is created.
+    out: Output PNG path; its parent is created. Default: DEFAULT_OUT in the first workdir.
     labels: One legend label per workdir (default: the workdir's name).
     smooth: Moving-average window (logged points) of the training curves; 1 disables it.
     title: Figure title.
@@ -254,7 +257,7 @@ def plot_runs(
   if title:
     fig.suptitle(title)
   fig.tight_layout(rect=(0, 0.015, 1, 0.98 if title else 1))
-  out = epath.Path(out)
+  out = epath.Path(workdirs[0]) / DEFAULT_OUT if out is None else epath.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)
   with out.open("wb") as f:
     fig.savefig(f, format="png")
@@ -268,13 +271,15 @@ def define_flags() -> None:
   """Defines this tool's flags; called only when it runs as a program, so several tools can be
   imported into one process (tests) without their flag names colliding."""
   _FLAGS["workdirs"] = flags.DEFINE_list("workdirs", None, "Run directories, comma-separated.")
-  _FLAGS["out"] = flags.DEFINE_string("out", None, "Output PNG path.")
+  _FLAGS["out"] = flags.DEFINE_string(
+    "out", None, f"Output PNG path; default: {DEFAULT_OUT} in the first workdir."
+  )
   _FLAGS["labels"] = flags.DEFINE_list("labels", None, "Legend labels, one per workdir.")
   _FLAGS["smooth"] = flags.DEFINE_integer(
     "smooth", DEFAULT_SMOOTH, "Moving-average window of the training curves (1: none)."
   )
   _FLAGS["title"] = flags.DEFINE_string("title", None, "Figure title.")
-  flags.mark_flags_as_required(["workdirs", "out"])
+  flags.mark_flags_as_required(["workdirs"])
 
 
 def main(argv: Sequence[str]) -> None:

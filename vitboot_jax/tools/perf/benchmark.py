@@ -63,7 +63,7 @@ ALL_MODES = ("vit", "agent", "joint", "shared", "shared_noalign")
 _STEPS_PER_EPOCH = 1000
 
 
-def _time_calls(call: Callable[[], Any], steps: int, warmup: int) -> list[float]:
+def time_calls(call: Callable[[], Any], steps: int, warmup: int) -> list[float]:
   """Wall times of `steps` blocked calls after `warmup` untimed ones."""
   for _ in range(warmup):
     jax.block_until_ready(call())
@@ -111,7 +111,7 @@ def measure_peak(
   # measure XLA:CPU's slow bf16 fallback, not the hardware.
   product = jax.jit(lambda x, y: matmul.einsum("bij,bjk->bik", x, y), out_shardings=spec)
   compiled = product.lower(a, b).compile()
-  step_s = statistics.median(_time_calls(lambda: compiled(a, b), max(steps, 3), warmup=2))
+  step_s = statistics.median(time_calls(lambda: compiled(a, b), max(steps, 3), warmup=2))
   flops = 2.0 * n * size**3
   return {
     "peak_matmul_flops_per_s": flops / step_s,
@@ -323,7 +323,7 @@ def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
   params, stats = step.state.params, step.state.batch_stats
   batch = int(config.data.eval_batch_size)
   _, call = eval_forward(step)
-  forward = statistics.median(_time_calls(call, forward_steps, warmup=1))
+  forward = statistics.median(time_calls(call, forward_steps, warmup=1))
   feed = feeds.open_feed(config, mesh)
   passes = []
   for _ in range(2):
@@ -359,7 +359,7 @@ def benchmark_mode(
   """One mode's step: built, initialised and jitted as train.py does, then timed."""
   step = compile_mode_step(config, mode, mesh, batch=batch, dtype=dtype)
   peak_mem, mem_fields = _memory(step.compiled)
-  times = _time_calls(step, steps, warmup)
+  times = time_calls(step, steps, warmup)
   step_s = statistics.median(times)
   flops = 2 * step.macs
   row = {

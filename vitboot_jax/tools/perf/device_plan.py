@@ -90,7 +90,7 @@ def peaks(mesh, plan: Plan) -> dict[str, Any]:
 def step_row(ctx: Context, mode: str, batch: int, dtype: str) -> dict:
   plan, peak = ctx.plan, ctx.peak
   step = benchmark.compile_mode_step(ctx.config, mode, ctx.mesh, batch=batch, dtype=dtype)
-  step_s = statistics.median(benchmark._time_calls(step, plan.steps, plan.warmup))
+  step_s = statistics.median(benchmark.time_calls(step, plan.steps, plan.warmup))
   flops = 2 * step.macs
   return {
     "item": "step",

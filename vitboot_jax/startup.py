@@ -1,0 +1,47 @@
+"""A run's start-up checks, in one place: the config, the workdir, the data.
+
+`main` calls `check` before TensorFlow and JAX load, so a user's mistake is one line within
+seconds; a library caller of `train.train_and_evaluate` gets the same checks from it. Nothing is
+written before they pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+from absl import logging
+from etils import epath
+
+from vitboot_jax import configlib, progress, workdirs
+from vitboot_jax.data import datasets, sources
+
+
+def check(
+  config: ml_collections.ConfigDict,
+  workdir: epath.PathLike,
+  *,
+  single_process: bool,
+  num_devices: int | None = None,
+) -> dict[str, Any] | None:
+  """Validates `config`, checks `workdir` (free, this config's) and ensures the data.
+
+  Returns final.json's metrics when `workdir` holds this config's finished run (its results are
+  logged: nothing is left to do), else None. Only a single process may download the data.
+
+  Raises:
+    errors.UsageError: what the user must change, named with the fix.
+  """
+  configlib.validate(config, num_devices=num_devices)
+  final = workdirs.check(workdir, config, single_process=single_process)
+  if final is not None:
+    logging.info(
+      "%s already holds a finished run of this config; nothing to do. %s",
+      workdir,
+      progress.final_line(final),
+    )
+    return final
+  datasets.ensure(config, may_download=single_process)
+  if sources.uses_tensorflow(config):
+    progress.import_tensorflow()  # Before JAX starts: TensorFlow must not take its GPUs.
+  return None
