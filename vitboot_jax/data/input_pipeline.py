@@ -31,10 +31,8 @@ from collections.abc import Iterator
 import jax
 import ml_collections
 import numpy as np
-import tensorflow as tf
-import tensorflow_datasets as tfds
 
-from vitboot_jax import configlib, errors
+from vitboot_jax import configlib, errors, progress
 from vitboot_jax.data import preprocess, sources
 from vitboot_jax.data.sources import (  # noqa: F401  (public here as before)
   IMAGE_EXTENSIONS,
@@ -43,12 +41,8 @@ from vitboot_jax.data.sources import (  # noqa: F401  (public here as before)
   subset_indices,
 )
 
-# TensorFlow is only the input pipeline here: keep it off every accelerator so it never reserves
-# GPU memory that JAX needs. This fails harmlessly if TF has already initialised its devices.
-try:
-  tf.config.set_visible_devices([], "GPU")
-except (RuntimeError, ValueError):
-  pass
+tf = progress.import_tensorflow()  # Quietly, and off every accelerator: JAX's memory stays JAX's.
+import tensorflow_datasets as tfds  # noqa: E402  (after TensorFlow is set up)
 
 _AUTOTUNE = tf.data.AUTOTUNE
 _FOLDER_HINT = sources.FOLDER_HINT

@@ -15,15 +15,16 @@ import math
 from collections.abc import Callable
 
 import ml_collections
-import tensorflow as tf
 
-from vitboot_jax import configlib
+from vitboot_jax import configlib, progress
 from vitboot_jax.data.device_preprocess import (  # One definition for both pipelines.
   CIFAR_PAD,
   IMAGENET_ATTEMPTS,
   IMAGENET_RATIO,
   IMAGENET_SCALE,
 )
+
+tf = progress.import_tensorflow()  # Quietly, and off every accelerator.
 
 AUGMENTS = ("cifar", "imagenet", "none")
 

@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tensorflow as tf
 from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
@@ -44,6 +43,8 @@ from vitboot_jax.data import device_preprocess, input_pipeline, preprocess
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
+
+tf = progress.import_tensorflow()  # PNGs through tf.io; quietly, off every accelerator.
 
 INDEX_FILE = "index.json"
 FIGURES_SUBDIR = "figures"  # Where a run's figures go by default: RUN/figures.
