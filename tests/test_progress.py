@@ -133,14 +133,21 @@ def test_a_later_evaluation_line_trusts_the_last_evaluation_time():
 def test_library_info_is_dropped_and_warnings_kept():
   quiet = progress._QuietLibraries()
 
-  def record(path, level):
-    return logging.LogRecord("absl", level, path, 1, "message", None, None)
+  def record(path, level, message="message"):
+    return logging.LogRecord("absl", level, path, 1, message, None, None)
 
   assert not quiet.filter(record("/site-packages/orbax/checkpoint/manager.py", logging.INFO))
   assert not quiet.filter(record("/site-packages/tensorflow_datasets/core/x.py", logging.INFO))
   assert quiet.filter(record("/site-packages/orbax/checkpoint/manager.py", logging.WARNING))
   assert not quiet.filter(record("/site-packages/jax/_src/xla_bridge.py", logging.INFO))
   assert quiet.filter(record("/vitboot_jax/train.py", logging.INFO))
+  # orbax's warnings on a read-only checkpoint (what the tools ask for) go; its others stay.
+  manager = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
+  note = "Given directory is read only=/tmp/run/checkpoints"
+  assert not quiet.filter(record(manager, logging.WARNING, note))
+  note = "CheckpointManagerOptions.read_only=True, setting save_interval_steps=0."
+  assert not quiet.filter(record(manager, logging.WARNING, note))
+  assert quiet.filter(record(manager, logging.WARNING, "Checkpoint step 5 already exists."))
 
 
 @pytest.mark.slow

@@ -188,6 +188,8 @@ class _QuietLibraries(logging_lib.Filter):
 
   def filter(self, record: logging_lib.LogRecord) -> bool:
     noisy = any(part in record.pathname for part in _NOISY_PATHS)
+    if noisy and "read only" in record.getMessage().replace("read_only", "read only"):
+      return False  # orbax's notes on a read-only checkpoint: what the tools ask for.
     return record.levelno >= logging_lib.WARNING or not noisy
 
 

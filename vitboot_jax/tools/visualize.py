@@ -187,6 +187,8 @@ def load_images(
     return _finish(config, np.stack(images)), list(image_files)
   if num_images < 1:
     raise ValueError(f"--num_images={num_images} must be at least 1")
+  config = config.copy_and_resolve_references()
+  config.data.cache = False  # A few images: a cache read part-way warns when it is dropped.
   images = []
   for batch in input_pipeline.eval_batches(config, process_index=0, process_count=1):
     images.extend(batch["image"][batch["mask"] > 0])
