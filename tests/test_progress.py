@@ -44,6 +44,17 @@ def _trained_to_20(clock, lines, **kwargs):
   return p
 
 
+def test_the_first_line_times_steps_from_the_compiled_call():
+  clock, lines = FakeClock(), []
+  p = _progress(clock, lines)
+  clock.now = 30.0  # The first call returns once compiled (30 s).
+  p.compiled(0)
+  clock.now = 40.0  # Steps 1-10 then run at 1 s/step.
+  p.step(10, {})
+  # 90 steps at 1 s, and 3 evaluations of 300 images at a fifth of a training image's cost.
+  assert lines[-1] == f"step 10/100 ep 0.50  10 img/s  ETA {progress.duration(90 + 3 * 6)}"
+
+
 def test_duration_and_evaluation_count():
   assert [progress.duration(s) for s in (4.4, 65, 3725)] == ["4s", "1m05s", "1h02m"]
   # Evaluations at 40, 80 and the last step 100.

@@ -72,6 +72,11 @@ class Progress:
     self._first_call = 0.0  # Its first batch's call: compilation, in a process's first one.
     self.top1: dict[str, float] = {}
 
+  def compiled(self, step: int) -> None:
+    """The first call of the run (the steps after `step`) has compiled and is dispatched: the
+    first interval's rate starts here, so the first line's ETA is not scaled by compilation."""
+    self._mark_step, self._mark_time, self._paused = step, self._clock(), 0.0
+
   def seconds_per_step(self) -> float | None:
     if self._steps:
       return self._seconds / self._steps

@@ -149,9 +149,13 @@ class _Loop:
     self._per_epoch, self._total = progress_log.per_epoch, progress_log.total
     self._num_eval_batches = -(-feed.info.num_eval_examples // config.data.eval_batch_size)
     self._finite = _FiniteCheck(ckpt)
+    self._dispatched = False
 
   def ran(self, first: int, last: int, call_metrics: dict[str, jax.Array]) -> None:
     """Queues the finite check of steps first..last (one call) and logs those due a line."""
+    if not self._dispatched:  # The call returned once compiled: time the steps from here.
+      self._progress.compiled(first - 1)
+      self._dispatched = True
     self._finite.add(first, last - first + 1, call_metrics)
     every = self._config.log_every_steps
     logged = [s for s in range(first, last + 1) if s % every == 0 or s == self._total]
