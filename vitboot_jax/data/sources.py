@@ -285,26 +285,15 @@ def check_stored_size(config: ml_collections.ConfigDict, images: np.ndarray, whe
     )
 
 
-def _unreadable_by_pil(paths: list[str]) -> str | None:
-  """The message naming those of `paths` PIL cannot decode (None: all decode)."""
-  bad, why = [], ""
-  for path in paths:
-    try:
-      read_image(path)
-    except Exception as error:  # PIL raises several types; each is the file's fault here.
-      bad.append(path)
-      why = why or " ".join(str(error).split())[:200]
-  return unreadable_message(bad, f"it is not a complete JPEG/PNG image: {why}") if bad else None
-
-
 def check_split(config: ml_collections.ConfigDict, split: str, max_files: int = 20000) -> None:
-  """Checks an image folder's `split` before training if it has at most `max_files` (CIFAR's
-  test split), so a bad file stops the run at once rather than at its first evaluation.
+  """Checks an image folder's `split` before a tf.data run trains, if it has at most
+  `max_files` (CIFAR's test split), so a bad file stops the run at once rather than at its first
+  evaluation (the device pipeline decodes and checks every image as it loads them).
 
   Reads only each file's first and last bytes (CIFAR's 10k test files: well under a second;
   decoding them all took 21 s on 2 cores): a file that does not start and end like a complete
-  JPEG/PNG (an interrupted copy) is then decoded by the decoder the run reads it with (TensorFlow
-  for config.data.pipeline="tfdata", PIL for "device"), so a valid file is never refused. A PNG's
+  JPEG/PNG (an interrupted copy) is then decoded by TensorFlow, as the run reads it, so a valid
+  file is never refused. A PNG's
   size is checked against config.data.stored_size from its header; a JPEG's, and any damage
   inside a file, are found when the file is read. Larger splits, .npz files and tfds datasets
   are checked as they are read.
@@ -336,14 +325,12 @@ def check_split(config: ml_collections.ConfigDict, split: str, max_files: int = 
       complete = head.startswith(b"\xff\xd8") and b"\xff\xd9" in tail
     if not complete:
       suspects.append(path)
-  if suspects and uses_tensorflow(config):
+  if suspects:
     from vitboot_jax.data import input_pipeline  # The tf.data pipeline: TensorFlow is there.
 
     message = input_pipeline.unreadable_files(np.array(suspects))
-  else:
-    message = _unreadable_by_pil(suspects)
-  if message is not None:
-    raise UnreadableImageError(message)
+    if message is not None:
+      raise UnreadableImageError(message)
   if wrong:
     raise errors.ConfigError(wrong_size_message(stored, wrong))
 
