@@ -129,7 +129,7 @@ def test_augmentation_is_keyed_by_seed_epoch_and_index(npz_dir):
     np.testing.assert_array_equal(got["label"], plain["label"])
     # Each crop is pad_crop_flip of its source image under the key of (seed, epoch, index).
     epoch = step // steps
-    key = device_data.stream_key(config.seed, device_data.AUGMENT_STREAM, epoch)
+    key = device_data.stream_key(config.seed, device_preprocess.AUGMENT_STREAM, epoch)
     index = np.asarray(jax.device_get(dataset.train["index"]))
     lookup = {im.tobytes(): i for i, im in enumerate(jax.device_get(dataset.train["image"]))}
     rows = [lookup[image.tobytes()] for image in plain["image"]]
@@ -248,7 +248,7 @@ def test_imagenet_batches_are_random_resized_crops_keyed_by_seed_epoch_and_index
   plain = jax.device_get(raw_batch_at(dataset.train, step))
   assert got["image"].dtype == np.float32 and got["image"].shape == (16, 24, 24, 3)
   np.testing.assert_array_equal(got["label"], plain["label"])
-  key = device_data.stream_key(config.seed, device_data.AUGMENT_STREAM, 1)
+  key = device_data.stream_key(config.seed, device_preprocess.AUGMENT_STREAM, 1)
   lookup = {im.tobytes(): i for i, im in enumerate(jax.device_get(dataset.train["image"]))}
   index = np.asarray(jax.device_get(dataset.train["index"]))
   rows = [lookup[image.tobytes()] for image in plain["image"]]

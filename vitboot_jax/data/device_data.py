@@ -38,9 +38,6 @@ from vitboot_jax.data.sources import DatasetInfo
 Data = dict[str, jax.Array]
 Batch = dict[str, jax.Array]
 
-# Seed streams of preprocess.py (kept apart so the order and the augmentations never share keys).
-SHUFFLE_STREAM = 0
-AUGMENT_STREAM = 1
 # The dataset may take this share of a device's free memory; the rest is the model's.
 MEMORY_SHARE = 0.5
 
@@ -66,11 +63,13 @@ def batch_at(
   num = data["label"].shape[0]
   step = jnp.asarray(step, jnp.int32)
   epoch, position = step // steps_per_epoch, step % steps_per_epoch
-  order = jax.random.permutation(stream_key(config.seed, SHUFFLE_STREAM, epoch), num)
+  order = jax.random.permutation(
+    stream_key(config.seed, device_preprocess.SHUFFLE_STREAM, epoch), num
+  )
   rows = jax.lax.dynamic_slice_in_dim(order, position * config.batch_size, config.batch_size)
   if batch_sharding is not None:
     rows = jax.lax.with_sharding_constraint(rows, batch_sharding)
-  augment_key = stream_key(config.seed, AUGMENT_STREAM, epoch)
+  augment_key = stream_key(config.seed, device_preprocess.AUGMENT_STREAM, epoch)
   keys = jax.vmap(lambda i: jax.random.fold_in(augment_key, i))(data["index"][rows])
   images = device_preprocess.make_augment(config)(data["image"][rows], keys)
   return {"image": images, "label": data["label"][rows]}

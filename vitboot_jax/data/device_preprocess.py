@@ -26,7 +26,10 @@ import ml_collections
 
 from vitboot_jax import configlib
 
-# The recipes' augmentation constants, for both pipelines (preprocess.py imports them).
+# Separate seed streams, so the shuffle order and the augmentations never reuse the same numbers;
+# these and the recipes' augmentation constants serve both pipelines (preprocess.py imports them).
+SHUFFLE_STREAM = 0
+AUGMENT_STREAM = 1
 CIFAR_PAD = 4
 IMAGENET_SCALE = (0.6, 1.0)
 IMAGENET_RATIO = (3.0 / 4.0, 4.0 / 3.0)

@@ -33,7 +33,7 @@ import ml_collections
 import numpy as np
 
 from vitboot_jax import configlib, errors, progress
-from vitboot_jax.data import preprocess, sources
+from vitboot_jax.data import device_preprocess, preprocess, sources
 from vitboot_jax.data.sources import (  # noqa: F401  (public here as before)
   IMAGE_EXTENSIONS,
   DatasetInfo,
@@ -401,7 +401,7 @@ def train_dataset(
 
   def epoch(e: tf.Tensor) -> tf.data.Dataset:
     shuffle_seed = tf.random.stateless_uniform(
-      [], preprocess.stream_key(seed, preprocess.SHUFFLE_STREAM, e), None, None, tf.int64
+      [], preprocess.stream_key(seed, device_preprocess.SHUFFLE_STREAM, e), None, None, tf.int64
     )
     ds = base.shuffle(buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
     skip = tf.where(tf.equal(e, start_epoch), tf.constant(skip_steps * glob, tf.int64), 0)

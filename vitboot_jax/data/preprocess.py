@@ -18,6 +18,7 @@ import ml_collections
 
 from vitboot_jax import configlib, progress
 from vitboot_jax.data.device_preprocess import (  # One definition for both pipelines.
+  AUGMENT_STREAM,
   CIFAR_PAD,
   IMAGENET_ATTEMPTS,
   IMAGENET_RATIO,
@@ -27,10 +28,6 @@ from vitboot_jax.data.device_preprocess import (  # One definition for both pipe
 tf = progress.import_tensorflow()  # Quietly, and off every accelerator.
 
 AUGMENTS = ("cifar", "imagenet", "none")
-
-# Separate seed streams, so the shuffle order and the augmentations never reuse the same numbers.
-SHUFFLE_STREAM = 0
-AUGMENT_STREAM = 1
 
 
 TrainFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
