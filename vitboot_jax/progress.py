@@ -1,11 +1,12 @@
 """What a run prints: one compact line per log step, lines during evaluation, an honest ETA.
 
 Everything else (every loss term, gradient norms, learning rate) goes to metrics.jsonl and
-TensorBoard only. The ETA counts the training steps left at the rate measured since the first
-logged interval (which holds compilation) and every evaluation left at the duration of the last
-one without its first batch's call (which holds the compilation of a process's first evaluation);
-before the first evaluation, an evaluation is estimated at a fixed fraction of the training cost
-per image (a fifth, as measured on CPU).
+TensorBoard only. The ETA counts the training steps left at the rate measured after the first
+logged interval (which holds compilation unless `compiled` marked its end; until a second one,
+its own rate) and every evaluation left at the duration of the last one without its first
+batch's call (which holds the compilation of a process's first evaluation); before the first
+evaluation, an evaluation is estimated at a fixed fraction of the training cost per image (a
+fifth, as measured on CPU).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Progress:
     self._clock, self._log = clock, log
     self._mark_step, self._mark_time = start_step, clock()
     self._paused = 0.0  # Evaluation seconds inside the current log interval.
-    self._first_interval = True  # Holds compilation: left out of the rate once others exist.
+    self._first_interval = True  # May hold compilation: left out once others exist.
     self._steps, self._seconds = 0, 0.0  # Training since the first interval.
     self._first_rate: float | None = None
     self.eval_seconds: float | None = None  # The last evaluation's, less its first call.
