@@ -1,6 +1,7 @@
 """Mimetic and impulse attention initialisation (docs/reference/related_methods.md §B, §C, §D.2,
 §D.3)."""
 
+import hashlib
 import time
 
 import jax
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from tests.config_files import load_config
+from vitboot_jax import sharding, trainer
 from vitboot_jax.models import attention_init as ai
 from vitboot_jax.models import vit as vit_lib
 
@@ -408,3 +411,35 @@ def test_apply_init_dispatch(vit_params):
   for bad in ("standard", "impulse7", ""):
     with pytest.raises(ValueError, match=r"config\.model\.init.*'mimetic', 'impulse3', 'impulse5'"):
       ai.apply_init(bad, vit_params, rng, num_heads=HEADS, grid=GRID)
+
+
+# sha256 of every leaf of a fresh run's params (tests/tiny_config.py, mode=vit, seed 0, one CPU
+# device), recorded before the initialisers moved into models/build.py: where they run must not
+# change a bit.
+INITIAL_PARAMS_SHA256 = {
+  "official": "4c214862da46760af6654cae73bb0e3dd7d525898612d7ea11876a95f9955590",
+  "standard": "cff71bce0c5396a43d60b309654675f1d60a89935e97c71da6ed23b45339ff12",
+  "mimetic": "20ec7bd0c5908eae52e8cb5eff2e95c255fddc3a7242271ee90861da331865ee",
+  "impulse3": "282480f060bd8a36a7d1ab7b2e21d7a1ef27128ec13c04fd1ba28c47b9d1c2c7",
+  "impulse5": "f2245e0ddef1788313df602ad6ad7af6d6fd9f82055f58cf565bb600e3c6536d",
+}
+
+
+def _params_digest(params) -> str:
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    leaf = np.asarray(leaf)
+    digest.update(f"{jax.tree_util.keystr(path)}{leaf.dtype}{leaf.shape}".encode())
+    digest.update(np.ascontiguousarray(leaf).tobytes())
+  return digest.hexdigest()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["official", "standard", "mimetic", "impulse3", "impulse5"])
+def test_a_fresh_runs_params_are_bit_identical_for_every_init_scheme(scheme):
+  if jax.default_backend() != "cpu":
+    pytest.skip("digests recorded on CPU")
+  config = load_config("tiny_config", f"mode=vit,init={scheme}")
+  mesh = sharding.make_mesh(jax.devices()[:1])
+  state = trainer.build(config, mesh, steps_per_epoch=4).initial_state()
+  assert _params_digest(state.params) == INITIAL_PARAMS_SHA256[scheme]

@@ -1,0 +1,64 @@
+"""Files written whole: a reader, a kill or a crash never sees half of one.
+
+Every file the package writes and others read while it runs (metrics.jsonl, final.json, the
+workdir claim, .npz datasets, exported weights, the impulse-init cache) goes through
+`write_atomically` or `replacing`: a temporary file in the same directory, flushed to disk, then
+renamed over the target in one step. Paths with a scheme (gs://, via etils/epath) are object
+stores, where a rename is a copy: `is_local` tells the callers that must treat them otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from typing import IO
+
+from etils import epath
+
+
+def is_local(path: epath.PathLike) -> bool:
+  """Whether `path` is on a local file system (no scheme such as gs://)."""
+  return "://" not in os.fspath(path)
+
+
+def _temporary_name(path: str) -> str:
+  # Hidden, and unique per writer: two processes or threads never share a temporary file.
+  head, name = os.path.split(path)
+  return os.path.join(head, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+@contextlib.contextmanager
+def replacing(path: epath.PathLike, mode: str = "wb") -> Iterator[IO]:
+  """A new file (opened with `mode`, "wb" or "w") that replaces the local `path` in one step
+  when the block ends; on an error `path` is left as it was and the temporary file removed."""
+  path = os.fspath(path)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = _temporary_name(path)
+  try:
+    with open(tmp, mode.replace("w", "x"), **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
+    raise
+
+
+def write_atomically(path: epath.PathLike, data: str | bytes) -> None:
+  """Replaces `path` with `data` in one step; on an object store, a temporary object renamed."""
+  if is_local(path):
+    with replacing(path, "w" if isinstance(data, str) else "wb") as f:
+      f.write(data)
+    return
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = epath.Path(_temporary_name(os.fspath(path)))
+  if isinstance(data, str):
+    tmp.write_text(data)
+  else:
+    tmp.write_bytes(data)
+  tmp.replace(path)
