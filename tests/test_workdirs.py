@@ -270,13 +270,13 @@ def test_resume_on_other_data_is_refused(tmp_path):
 def test_remote_metrics_are_flushed_in_chunks(tmp_path, monkeypatch):
   from etils import epath
 
-  from vitboot_jax import metrics
+  from vitboot_jax import files, metrics
 
-  monkeypatch.setattr(metrics, "_is_local", lambda path: False)  # As for gs://: no appends.
+  monkeypatch.setattr(files, "is_local", lambda path: False)  # As for gs://: no appends.
   writes, reads = [], []
-  real_write, real_read = metrics._atomic_write_text, epath.Path.read_text
+  real_write, real_read = files.write_atomically, epath.Path.read_text
   monkeypatch.setattr(
-    metrics, "_atomic_write_text", lambda path, text: (writes.append(text), real_write(path, text))
+    files, "write_atomically", lambda path, text: (writes.append(text), real_write(path, text))
   )
   monkeypatch.setattr(
     epath.Path, "read_text", lambda self, *a, **k: (reads.append(self), real_read(self, *a, **k))[1]

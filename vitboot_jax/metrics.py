@@ -21,6 +21,8 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from vitboot_jax import files
+
 try:  # TensorFlow-free: clu's writer would import TensorFlow.
   from tensorboard.compat.proto import (
     event_pb2,
@@ -34,26 +36,6 @@ except ImportError:
   EventFileWriter = None
 
 METRICS_FILE = "metrics.jsonl"
-
-
-def _is_local(path: epath.Path) -> bool:
-  return "://" not in os.fspath(path)
-
-
-def _atomic_write_text(path: epath.PathLike, text: str) -> None:
-  """Replaces `path` in one step, so a reader or a kill never sees a half-written file."""
-  path = epath.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f".{path.name}.tmp-{jax.process_index()}-{os.getpid()}")
-  if _is_local(path):
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  else:
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _append_text(path: epath.Path, text: str) -> None:
@@ -103,7 +85,7 @@ class _RemoteLines:
     if self._text is None:
       self._text = self._path.read_text() if self._path.exists() else ""
     self._text += "".join(line for _, line in self._pending)
-    _atomic_write_text(self._path, self._text)
+    files.write_atomically(self._path, self._text)
     self._pending = []
 
 
@@ -121,7 +103,7 @@ def write_json(path: epath.PathLike, obj: Any) -> None:
 
   Writes from whichever process calls it; call it on process 0 only in multi-host runs.
   """
-  _atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+  files.write_atomically(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
 
 
 def _to_number(name: str, value: Any) -> int | float:
@@ -227,7 +209,9 @@ class MetricWriter:
     self._workdir = epath.Path(workdir)
     self._path = self._workdir / METRICS_FILE
     self._is_writer = jax.process_index() == 0
-    self._remote = None if _is_local(self._path) else _RemoteLines(self._path, flush_every_steps)
+    self._remote = (
+      None if files.is_local(self._path) else _RemoteLines(self._path, flush_every_steps)
+    )
     if self._is_writer:
       self._workdir.mkdir(parents=True, exist_ok=True)
     # No LoggingWriter: the console gets progress.py's compact line, not every scalar.
@@ -274,7 +258,7 @@ class MetricWriter:
     torn = bool(text) and not text.endswith("\n")
     if len(kept) != len(records) or torn:
       text = "".join(json.dumps(r) + "\n" for r in kept)
-      _atomic_write_text(self._path, text)
+      files.write_atomically(self._path, text)
       logging.info(
         "Dropped %d records after step %d from %s.", len(records) - len(kept), step, self._path
       )

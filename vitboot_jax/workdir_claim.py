@@ -32,7 +32,7 @@ from typing import Any
 from absl import logging
 from etils import epath
 
-from vitboot_jax import errors
+from vitboot_jax import errors, files
 
 CLAIM_FILE = "claim.json"
 HEARTBEAT_SECONDS = 60.0
@@ -46,10 +46,6 @@ _HELD_LOCK = threading.Lock()
 
 class WorkdirBusyError(errors.WorkdirError):
   """Another live run holds the workdir."""
-
-
-def _is_local(path: epath.Path) -> bool:
-  return "://" not in os.fspath(path)
 
 
 def _key(workdir: epath.PathLike) -> str:
@@ -235,18 +231,16 @@ class Claim:
 def _replace(path: epath.Path, record: dict[str, Any]) -> None:
   """Rewrites the claim in one step, so a reader never sees half a record."""
   text = json.dumps(record)
-  if _is_local(path):
-    tmp = path.with_name(f".{path.name}.{record['token']}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-  else:
+  if files.is_local(path):
+    files.write_atomically(path, text)
+  else:  # An object store: a rename is a copy, the write itself is whole.
     path.write_text(text)
 
 
 def _create(path: epath.Path, record: dict[str, Any]) -> bool:
   """Writes the claim if none exists; True if this call created it."""
   text = json.dumps(record)
-  if _is_local(path):
+  if files.is_local(path):
     try:
       fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
@@ -277,7 +271,7 @@ def _set_aside(path: epath.Path, stale: dict[str, Any]) -> None:
     moved = {}
   if moved and moved.get("token") != stale.get("token"):
     # The claim changed between reading and moving it (a new holder): put it back.
-    if _is_local(path):
+    if files.is_local(path):
       try:
         os.link(aside, path)
       except FileExistsError:

@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vitboot_jax import configlib, errors
+from vitboot_jax import configlib, errors, files
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 FOLDER_HINT = "point --config.data.dir at a folder with {split}/<class>/*.jpg (or .jpeg/.png)"
@@ -479,10 +479,8 @@ def check_labels(labels: np.ndarray, num_classes: int, where: str) -> None:
 
 def write_npz(path: str, images: np.ndarray, labels: np.ndarray, **extra: np.ndarray) -> None:
   """Writes one split atomically (uncompressed: CIFAR's uint8 pixels barely compress)."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.tmp-{os.getpid()}.npz"
-  np.savez(tmp, images=np.asarray(images, np.uint8), labels=np.asarray(labels, np.int64), **extra)
-  os.replace(tmp, path)
+  with files.replacing(path) as f:
+    np.savez(f, images=np.asarray(images, np.uint8), labels=np.asarray(labels, np.int64), **extra)
 
 
 # ---------------------------------------------------------------------------------------------

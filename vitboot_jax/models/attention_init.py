@@ -23,7 +23,6 @@ import hashlib
 import math
 import os
 import pathlib
-import tempfile
 import threading
 import warnings
 import zipfile
@@ -36,6 +35,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 
+from vitboot_jax import files
 from vitboot_jax.models import choices
 from vitboot_jax.models import vit as vit_lib
 
@@ -401,17 +401,10 @@ def _load(path: pathlib.Path, key: str, heads: int, dim: int) -> ImpulseFit | No
 
 
 def _save(path: pathlib.Path, key: str, fit: ImpulseFit) -> None:
-  """Atomic write: a temporary file in the same directory, then os.replace."""
+  """Writes the fit whole (files.replacing); a cache that cannot be written only warns."""
   try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
-    try:
-      with os.fdopen(fd, "wb") as f:
-        np.savez(f, key=np.asarray(key), **fit._asdict())
-      os.replace(tmp, path)
-    except BaseException:
-      os.unlink(tmp)
-      raise
+    with files.replacing(path) as f:
+      np.savez(f, key=np.asarray(key), **fit._asdict())
   except OSError as e:
     warnings.warn(f"could not write the impulse-init cache {path}: {e}", stacklevel=3)
 

@@ -34,7 +34,7 @@ import numpy as np
 from absl import app, flags
 from etils import epath
 
-from vitboot_jax import cli, configlib, errors, workdirs
+from vitboot_jax import cli, configlib, errors, files, workdirs
 
 FORMATS = ("timm", "official")
 SUFFIX = ".safetensors"
@@ -243,13 +243,13 @@ def export(workdir: str, fmt: str, output: str, step: int | None = None) -> dict
   if not output.endswith(SUFFIX):
     _refuse(f"--output={output} must end in {SUFFIX} (the JSON goes beside it)")
   run = read_run(workdir, step)
-  files, info = (timm_export if fmt == "timm" else official_export)(run)
+  state_dicts, info = (timm_export if fmt == "timm" else official_export)(run)
   notes = info.pop("notes", []) + _drloc_notes(run)
   base = output[: -len(SUFFIX)]
   written = {}
-  for suffix, state_dict in files.items():
+  for suffix, state_dict in state_dicts.items():
     path = base + suffix + SUFFIX
-    _write_atomically(path, save(state_dict))
+    files.write_atomically(path, save(state_dict))
     written["agent_weights" if suffix else "weights"] = os.path.basename(path)
   summary = {
     "format": fmt,
@@ -263,16 +263,8 @@ def export(workdir: str, fmt: str, output: str, step: int | None = None) -> dict
     },
     "notes": notes,
   }
-  _write_atomically(base + ".json", (json.dumps(summary, indent=2) + "\n").encode())
+  files.write_atomically(base + ".json", (json.dumps(summary, indent=2) + "\n").encode())
   return summary
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-  """A reader never sees half a file, and a re-run replaces it whole."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(data)
-  os.replace(tmp, path)
 
 
 _FLAGS: dict[str, Any] = {}
