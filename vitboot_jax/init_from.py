@@ -47,15 +47,16 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
       ) from error
   if suffix in TORCH_SUFFIXES:
     try:
-      from vitboot_jax.tools.convert_checkpoint import read_torch_state_dict
-    except ImportError as error:
+      return pretrained.read_torch_state_dict(str(p))
+    except ModuleNotFoundError as error:
+      if error.name != "torch":
+        raise
       raise ImportError(
         f"config.init_from={path} is a PyTorch file and torch is not installed: convert it once "
         f"with `python -m vitboot_jax.tools.convert_checkpoint --input={path} "
         "--output=OUT.safetensors` where "
         "torch is installed (pip install 'vitboot_jax[torch]') and pass OUT.safetensors"
       ) from error
-    return read_torch_state_dict(str(p))
   raise ValueError(
     f"config.init_from={path}: unknown format {suffix!r}; use .safetensors, .npz, .pth or a "
     "workdir (orbax checkpoints) of ours"

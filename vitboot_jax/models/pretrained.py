@@ -50,12 +50,46 @@ _TIMM_UNSUPPORTED = {
 # Layouts.
 
 
-def _strip_wrappers(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def strip_wrappers(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """The state_dict as numpy, without a prefix that every key shares (_WRAPPER_PREFIXES)."""
   out = {k: np.asarray(v) for k, v in state_dict.items()}
   for prefix in _WRAPPER_PREFIXES:
     if out and all(k.startswith(prefix) for k in out):
       out = {k[len(prefix) :]: v for k, v in out.items()}
   return out
+
+
+# Where a PyTorch checkpoint file nests its state_dict: DeiT's releases under "model", others
+# under "state_dict", "model_state" or "module".
+_TORCH_NESTS = ("model", "state_dict", "model_state", "module")
+
+
+def read_torch_state_dict(path: str) -> dict[str, np.ndarray]:
+  """{name: numpy array} of the tensors in a PyTorch checkpoint file (weights only, no code),
+  found at its top level or nested the usual ways; needs torch (ModuleNotFoundError without)."""
+  import torch  # The optional [torch] extra: only .pth files need it.
+
+  obj = torch.load(path, map_location="cpu", weights_only=True)
+  while isinstance(obj, dict) and not any(torch.is_tensor(v) for v in obj.values()):
+    inner = next((obj[k] for k in _TORCH_NESTS if isinstance(obj.get(k), dict)), None)
+    if inner is None:
+      raise ValueError(
+        f"{path} holds no tensors at its top level nor under {_TORCH_NESTS}: keys {sorted(obj)[:8]}"
+      )
+    obj = inner
+  if not isinstance(obj, dict):
+    raise ValueError(
+      f"{path} holds a {type(obj).__name__}, not a state_dict; save model.state_dict()"
+    )
+  out = {}
+  for name, value in obj.items():
+    if not torch.is_tensor(value):
+      continue  # Non-tensor entries (e.g. a saved epoch number) are not weights.
+    value = value.detach().cpu()
+    if value.dtype in (torch.float16, torch.bfloat16):
+      value = value.float()
+    out[name] = np.ascontiguousarray(value.numpy())
+  return strip_wrappers(out)
 
 
 def detect_layout(keys) -> str:
@@ -190,7 +224,7 @@ def _ours(state_dict: dict[str, np.ndarray]) -> Tree:
 
 def vit_params_from_state_dict(state_dict: Mapping[str, Any]) -> Tree:
   """Our ViT tree (numpy) from a flat dict of tensors in timm, official or our layout."""
-  sd = _strip_wrappers(state_dict)
+  sd = strip_wrappers(state_dict)
   layout = detect_layout(sd)
   if layout == "timm":
     return _timm_vit(sd)

@@ -13,50 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 from absl import app, flags
 
-try:
-  import torch
-except ImportError as error:
-  raise ImportError(
-    "converting a PyTorch checkpoint needs torch: pip install 'vitboot_jax[torch]'"
-  ) from error
-
-_WRAPPERS = ("model", "state_dict", "model_state", "module")
-
-
-def read_torch_state_dict(path: str) -> dict[str, np.ndarray]:
-  """{name: numpy array} of the tensors in a PyTorch checkpoint file (weights only, no code)."""
-  obj = torch.load(path, map_location="cpu", weights_only=True)
-  while isinstance(obj, dict) and not any(torch.is_tensor(v) for v in obj.values()):
-    inner = next((obj[k] for k in _WRAPPERS if isinstance(obj.get(k), dict)), None)
-    if inner is None:
-      raise ValueError(
-        f"{path} holds no tensors at its top level nor under {_WRAPPERS}: keys {sorted(obj)[:8]}"
-      )
-    obj = inner
-  if not isinstance(obj, dict):
-    raise ValueError(
-      f"{path} holds a {type(obj).__name__}, not a state_dict; save model.state_dict()"
-    )
-  out = {}
-  for name, value in obj.items():
-    if not torch.is_tensor(value):
-      continue  # Non-tensor entries (e.g. a saved epoch number) are not weights.
-    name = name[len("module.") :] if name.startswith("module.") else name
-    value = value.detach().cpu()
-    if value.dtype in (torch.float16, torch.bfloat16):
-      value = value.float()
-    out[name] = np.ascontiguousarray(value.numpy())
-  return out
+from vitboot_jax.models import pretrained
 
 
 def convert(src: str, dst: str) -> int:
   """Writes the tensors of the PyTorch checkpoint `src` to the safetensors file `dst`."""
   from safetensors.numpy import save_file
 
-  state_dict = read_torch_state_dict(src)
+  try:
+    state_dict = pretrained.read_torch_state_dict(src)
+  except ModuleNotFoundError as error:
+    if error.name != "torch":
+      raise
+    raise ImportError(
+      "converting a PyTorch checkpoint needs torch: pip install 'vitboot_jax[torch]'"
+    ) from error
   save_file(state_dict, dst)
   return len(state_dict)
 
