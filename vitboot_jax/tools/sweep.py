@@ -70,7 +70,7 @@ from typing import Any
 from absl import app, flags
 from etils import epath
 
-from vitboot_jax import paper_results
+from vitboot_jax import paper_results, progress
 
 DEFAULT_DATA_DIR = "../shared/data/cifar10"
 DRLOC_LAMBDA = 0.1
@@ -518,11 +518,6 @@ def _format_top1(stats: dict[str, Any] | None, seeds: int) -> str:
   return f"{stats['mean']:.2f} ± {stats['std']:.2f} [{stats['min']:.2f}, {stats['max']:.2f}]"
 
 
-def format_duration(seconds: float) -> str:
-  minutes = round(seconds / 60)
-  return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{seconds / 60:.1f} min"
-
-
 MODEL_LABELS = paper_results.MODEL_LABELS
 
 
@@ -543,7 +538,7 @@ def table_markdown(report: dict[str, Any]) -> str:
   ]
   for r in report["rows"]:
     epochs = ", ".join(f"{e:.3g}" for e in r["epochs"]) + ("" if r["epochs_match"] else " (!)")
-    duration = format_duration(r["train_seconds"]) + (" (*)" if r["seeds_resumed"] else "")
+    duration = progress.duration(r["train_seconds"]) + (" (*)" if r["seeds_resumed"] else "")
     config = " ".join([r["config"].removeprefix("configs/"), *r["overrides"]])
     for model in r["models"]:
       paper = r["paper_top1"][model]
@@ -556,7 +551,7 @@ def table_markdown(report: dict[str, Any]) -> str:
       )
   lines += [
     "",
-    f"Total training time {format_duration(report['train_seconds'])}; commit "
+    f"Total training time {progress.duration(report['train_seconds'])}; commit "
     f"`{report['commit'] or 'unknown'}`; generated {report['generated']}.",
   ]
   if report["data_dir"]:
