@@ -103,8 +103,9 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
     return np.where(count > 0, (sums[end] - sums[start]) / np.maximum(count, 1), np.nan)
 
 
-def _matplotlib():
-  """(Figure, FigureCanvasAgg, Line2D), or an error that says how to install matplotlib."""
+def matplotlib_or_none():
+  """(Figure, FigureCanvasAgg, Line2D) of matplotlib, or None where the optional [plot] extra
+  is not installed (visualize then writes plain tiles)."""
   try:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -112,11 +113,19 @@ def _matplotlib():
   except ModuleNotFoundError as error:
     if (error.name or "").partition(".")[0] != "matplotlib":
       raise
+    return None
+  return Figure, FigureCanvasAgg, Line2D
+
+
+def _matplotlib():
+  """(Figure, FigureCanvasAgg, Line2D), or an error that says how to install matplotlib."""
+  classes = matplotlib_or_none()
+  if classes is None:
     raise ModuleNotFoundError(
       f"vitboot_jax.tools.plot needs matplotlib, an optional dependency: {INSTALL_HINT}",
       name="matplotlib",
-    ) from error
-  return Figure, FigureCanvasAgg, Line2D
+    )
+  return classes
 
 
 def _no_data(ax: Any, what: str) -> None:

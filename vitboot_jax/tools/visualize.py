@@ -43,6 +43,7 @@ from vitboot_jax.data import device_preprocess, input_pipeline, preprocess
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
+from vitboot_jax.tools import plot
 
 tf = progress.import_tensorflow()  # PNGs through tf.io; quietly, off every accelerator.
 
@@ -284,14 +285,8 @@ DPI = 100
 
 def _matplotlib():
   """(Figure, FigureCanvasAgg), or None without matplotlib (the optional [plot] extra)."""
-  try:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-  except ModuleNotFoundError as error:
-    if (error.name or "").partition(".")[0] != "matplotlib":
-      raise
-    return None
-  return Figure, FigureCanvasAgg
+  classes = plot.matplotlib_or_none()
+  return None if classes is None else classes[:2]
 
 
 def figure_pixels(rows: int, cols: int) -> tuple[int, int]:
