@@ -142,9 +142,15 @@ def switch_mode(c: ml_collections.ConfigDict, mode: str) -> None:
 
 
 def mode_config(
-  config: ml_collections.ConfigDict, mode: str, batch: int, dtype: str | None = None
+  config: ml_collections.ConfigDict,
+  mode: str,
+  batch: int | None,
+  dtype: str | None = None,
+  *,
+  num_devices: int | None = None,
 ) -> ml_collections.ConfigDict:
-  """A copy of `config` set to `mode` ("shared_noalign": shared with align="none")."""
+  """A copy of `config` set to `mode` ("shared_noalign": shared with align="none"), and `batch`
+  and `dtype` where given; validated, for `num_devices` where given (lowering targets others)."""
   if mode not in ALL_MODES:
     raise ValueError(f"mode {mode!r} is unknown; choose from {ALL_MODES}")
   c = config.copy_and_resolve_references()
@@ -152,10 +158,11 @@ def mode_config(
     switch_mode(c, "shared" if mode.startswith("shared") else mode)
     if mode == "shared_noalign":
       c.align = "none"
-    c.batch_size = batch
+    if batch:
+      c.batch_size = batch
     if dtype:
       c.compute_dtype = dtype
-  configlib.validate(c, num_devices=jax.device_count())
+  configlib.validate(c, num_devices=num_devices)
   return c
 
 
@@ -249,7 +256,7 @@ def compile_mode_step(
   `kernels` replaces the set `config.kernels` resolves to on the mesh (kernel A/Bs);
   `compiler_options` are XLA debug options for this one compilation (compiler-flag A/Bs).
   """
-  config = mode_config(config, mode, batch, dtype)
+  config = mode_config(config, mode, batch, dtype, num_devices=jax.device_count())
   step_config = config.copy_and_resolve_references()
   step_config.data.pipeline = "tfdata"  # The step alone takes a batch, whatever the pipeline.
   trainer = trainer_lib.build(step_config, mesh, _STEPS_PER_EPOCH, kernels=kernels)

@@ -26,7 +26,7 @@ from absl import app, flags
 from jax import export
 from ml_collections import config_flags
 
-from vitboot_jax import configlib, evaluate, kernel_sets, optim
+from vitboot_jax import evaluate, kernel_sets, optim
 from vitboot_jax import steps as step_lib
 from vitboot_jax.data import device_preprocess
 from vitboot_jax.models import costs
@@ -38,19 +38,6 @@ MODES = ("vit", "agent", "joint", "shared")
 DTYPES = ("float32", "bfloat16")
 _STEPS_PER_EPOCH = 100  # Only shapes the schedule; nothing here depends on it.
 _CALLBACK = re.compile(r"custom_call\s*@(\w*callback\w*)")
-
-
-def mode_config(
-  config: ml_collections.ConfigDict, mode: str, dtype: str, batch: int | None
-) -> ml_collections.ConfigDict:
-  c = config.copy_and_resolve_references()
-  with c.unlocked():
-    benchmark.switch_mode(c, mode)
-    c.compute_dtype = dtype
-    if batch:
-      c.batch_size = batch
-  configlib.validate(c)
-  return c
 
 
 def op_counts(mlir: str) -> dict[str, int]:
@@ -103,7 +90,7 @@ def lower_mode(
 ) -> dict[str, Any]:
   """One JSON row. `specs` carries step_specs between calls: platforms that run the same kernel
   set (cuda and tpu: the xla set) then share the steps, so jax traces each step once."""
-  config = mode_config(config, mode, dtype, batch)
+  config = benchmark.mode_config(config, mode, batch, dtype)
   specs = {} if specs is None else specs
 
   def specs_for(target: str):
