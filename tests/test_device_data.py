@@ -233,7 +233,7 @@ def test_a_wrong_stored_size_is_named_as_the_arrays_load(npz_dir):
 def test_device_pipeline_refuses_augmentations_it_lacks(npz_dir):
   configlib.validate(_config(npz_dir, augment="imagenet", normalisation="imagenet"))
   config = _config(npz_dir, augment="autoaugment")
-  with pytest.raises(errors.ConfigError, match="pipeline=tfdata"):
+  with pytest.raises(errors.ConfigError, match="config.data.augment='autoaugment' is unknown"):
     configlib.validate(config)
 
 

@@ -28,9 +28,9 @@ ADAPTERS = ("seq1d", "pool2d")  # Feature size adaptation (losses.py).
 ALIGN_METHODS = ("pcgrad", "none")  # align.py
 ALIGN_GRANULARITIES = ("global", "per_leaf")  # align.py
 # Where batches are made: tf.data on the host, or gathered and augmented in the jitted step from
-# the dataset held on the devices (device_data.py; augmentations it implements: DEVICE_AUGMENTS).
+# the dataset held on the devices (device_data.py).
 PIPELINES = ("tfdata", "device")
-DEVICE_AUGMENTS = ("cifar", "imagenet", "none")
+AUGMENTS = ("cifar", "imagenet", "none")  # Both pipelines: preprocess.py, device_preprocess.py.
 
 # Official per-dataset normalisation (the CIFAR-100 std reuses CIFAR-10's, as the official code).
 NORMALISATION = {
@@ -236,10 +236,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   pipeline = c.data.get("pipeline", "tfdata")
   if pipeline not in PIPELINES:
     raise ConfigError(f"config.data.pipeline={pipeline!r} is unknown; choose one of {PIPELINES}")
-  if pipeline == "device" and c.data.augment not in DEVICE_AUGMENTS:
+  if c.data.augment not in AUGMENTS:
     raise ConfigError(
-      f"config.data.pipeline='device' does not implement config.data.augment="
-      f"{c.data.augment!r} (only {DEVICE_AUGMENTS}); use --config.data.pipeline=tfdata"
+      f"config.data.augment={c.data.augment!r} is unknown; choose one of {AUGMENTS}"
     )
   if not 0.0 < c.data.train_fraction <= 1.0:
     raise ConfigError(f"config.data.train_fraction={c.data.train_fraction} must be in (0, 1]")

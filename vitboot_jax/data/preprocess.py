@@ -27,8 +27,6 @@ from vitboot_jax.data.device_preprocess import (  # One definition for both pipe
 
 tf = progress.import_tensorflow()  # Quietly, and off every accelerator.
 
-AUGMENTS = ("cifar", "imagenet", "none")
-
 
 TrainFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 EvalFn = Callable[[tf.Tensor], tf.Tensor]
@@ -193,9 +191,9 @@ def _check_stored(image: tf.Tensor, stored: int) -> tf.Tensor:
 
 
 def _check(config: ml_collections.ConfigDict) -> tuple[int, tuple, tuple]:
-  if config.data.augment not in AUGMENTS:
+  if config.data.augment not in configlib.AUGMENTS:
     raise ValueError(
-      f"config.data.augment={config.data.augment!r} is unknown; choose one of {AUGMENTS}"
+      f"config.data.augment={config.data.augment!r} is unknown; choose one of {configlib.AUGMENTS}"
     )
   if config.data.normalisation not in configlib.NORMALISATION:
     raise ValueError(
