@@ -189,7 +189,7 @@ class Task(NamedTuple):
   rng: jax.Array
 
 
-def model_loss(task: Task, out: dict[str, Any], cfg: ml_collections.ConfigDict) -> jax.Array:
+def task_loss(task: Task, out: dict[str, Any], cfg: ml_collections.ConfigDict) -> jax.Array:
   """L_drloc (before lambda) of one model from its forward's `out`; `cfg` is config.drloc."""
   return drloc_loss(
     task.setting.head,

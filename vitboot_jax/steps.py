@@ -78,7 +78,7 @@ def model_loss(
     terms.update({f"feature_{layer}": value for layer, value in enumerate(per_layer)})
     total += w.feature_vit * feature_weight * feature
   if drloc_task is not None:
-    terms[f"drloc_{name}"] = drloc.model_loss(drloc_task, extras, config.drloc)
+    terms[f"drloc_{name}"] = drloc.task_loss(drloc_task, extras, config.drloc)
     total += config.drloc.weight * terms[f"drloc_{name}"]
   return total, terms
 
