@@ -415,13 +415,22 @@ def test_apply_init_dispatch(vit_params):
 
 # sha256 of every leaf of a fresh run's params (tests/tiny_config.py, mode=vit, seed 0, one CPU
 # device), recorded before the initialisers moved into models/build.py: where they run must not
-# change a bit.
+# change a bit. Keyed by JAX_DISABLE_MOST_OPTIMIZATIONS: XLA's optimisations change the last bits.
 INITIAL_PARAMS_SHA256 = {
-  "official": "4c214862da46760af6654cae73bb0e3dd7d525898612d7ea11876a95f9955590",
-  "standard": "cff71bce0c5396a43d60b309654675f1d60a89935e97c71da6ed23b45339ff12",
-  "mimetic": "20ec7bd0c5908eae52e8cb5eff2e95c255fddc3a7242271ee90861da331865ee",
-  "impulse3": "282480f060bd8a36a7d1ab7b2e21d7a1ef27128ec13c04fd1ba28c47b9d1c2c7",
-  "impulse5": "f2245e0ddef1788313df602ad6ad7af6d6fd9f82055f58cf565bb600e3c6536d",
+  True: {
+    "official": "9c74592448d47ec94fa88af156d4b39a7dab3759fb3cc69ae8cf177e0ceb46a9",
+    "standard": "55da3ffd31b47212b28cd3ed97f0c5b44532b662f46ea1511739b9e973cf9cb5",
+    "mimetic": "ad610d2f9a0f436343f1f6eccad4ef97b6e8ca84bf45e4c6c1b4e8c7ce853e71",
+    "impulse3": "f68fa949f789f041edc18dc769be29258eb5a87ab01c3d921baef84b1c135cb4",
+    "impulse5": "62140772cadbbf353fb425bcbf08ab8176f0ef6dbe03f51d7e7306e3977e98c1",
+  },
+  False: {
+    "official": "4c214862da46760af6654cae73bb0e3dd7d525898612d7ea11876a95f9955590",
+    "standard": "cff71bce0c5396a43d60b309654675f1d60a89935e97c71da6ed23b45339ff12",
+    "mimetic": "20ec7bd0c5908eae52e8cb5eff2e95c255fddc3a7242271ee90861da331865ee",
+    "impulse3": "282480f060bd8a36a7d1ab7b2e21d7a1ef27128ec13c04fd1ba28c47b9d1c2c7",
+    "impulse5": "f2245e0ddef1788313df602ad6ad7af6d6fd9f82055f58cf565bb600e3c6536d",
+  },
 }
 
 
@@ -442,4 +451,5 @@ def test_a_fresh_runs_params_are_bit_identical_for_every_init_scheme(scheme):
   config = load_config("tiny_config", f"mode=vit,init={scheme}")
   mesh = sharding.make_mesh(jax.devices()[:1])
   state = trainer.build(config, mesh, steps_per_epoch=4).initial_state()
-  assert _params_digest(state.params) == INITIAL_PARAMS_SHA256[scheme]
+  recorded = INITIAL_PARAMS_SHA256[bool(jax.config.read("jax_disable_most_optimizations"))]
+  assert _params_digest(state.params) == recorded[scheme]
