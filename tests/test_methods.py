@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from tests.config_files import load_config
-from vitboot_jax import kernel_sets, optim, steps, trainer
+from vitboot_jax import kernel_sets, optim, steps
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
@@ -32,7 +32,7 @@ def make(config):
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
   image_shape = (config.image_size, config.image_size, 3)
   state = create_state(models, tx, jax.random.key(0), image_shape)
-  state = state.replace(params=trainer.attention_post_init(config, state.params, jax.random.key(1)))
+  state = state.replace(params=models.init_on_host(state.params, jax.random.key(0)))
   step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=4)
   return models, tx, state, step
 

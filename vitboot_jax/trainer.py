@@ -13,42 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 
 from vitboot_jax import evaluate, init_from, kernel_sets, optim, sharding, steps
 from vitboot_jax.data import device_data, device_preprocess
-from vitboot_jax.models import attention_init
 from vitboot_jax.models.build import ModelSet, build_models
 from vitboot_jax.models.kernels import Kernels
 from vitboot_jax.state import TrainState, create_state
-
-# fold_in of the init rng that seeds the host-side attention initialisers.
-_POST_INIT_STREAM = 1
-
-
-def attention_post_init(
-  config: ml_collections.ConfigDict, params: dict[str, Any], rng: jax.Array
-) -> dict[str, Any]:
-  """`params` with the ViT's attention rewritten by config.model.init's host-side scheme.
-
-  Mimetic and impulse need SVDs and cached fits that cannot run under jit; other schemes (and
-  modes without a ViT) return `params` unchanged.
-  """
-  scheme = config.model.init
-  if scheme not in attention_init.SCHEMES or "vit" not in params:
-    return params
-  vit = jax.tree.map(np.asarray, jax.device_get(params["vit"]))
-  vit = attention_init.apply_init(
-    scheme,
-    vit,
-    rng,
-    num_heads=config.model.num_heads,
-    grid=config.image_size // config.model.patch_size,
-  )
-  return {**params, "vit": jax.tree.map(jnp.asarray, vit)}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -77,16 +49,14 @@ class Trainer:
     return sharding.replicated(self.mesh)
 
   def fresh_state(self) -> TrainState:
-    """The jitted init at config.seed, before any host-side rewrite."""
+    """The jitted init at config.seed, before the attention initialiser's host-side rewrite."""
     return self.init(jax.random.key(self.config.seed))
 
   def initial_state(self) -> TrainState:
-    """The state a fresh run starts from: init, host-side attention init, config.init_from."""
+    """The state a fresh run starts from: init, its host-side part, config.init_from."""
     rng = jax.random.key(self.config.seed)
     state = self.init(rng)
-    params = attention_post_init(
-      self.config, state.params, jax.random.fold_in(rng, _POST_INIT_STREAM)
-    )
+    params = self.models.init_on_host(state.params, rng)
     if params is not state.params:
       state = state.replace(params=jax.device_put(params, self.state_sharding.params))
     if self.config.init_from:

@@ -1,5 +1,9 @@
 """Builds the models of a config and applies them as one unit over one parameter tree.
 
+config.model.init is honoured here: the init schemes of the modules run in the jitted `init`;
+the attention initialisers (mimetic, impulse: SVDs and cached fits that cannot run under jit)
+build the ViT with the standard scheme and rewrite its attention on the host in `init_on_host`.
+
 Variables are `{"params": {"vit": ..., "agent": ..., "drloc_vit": ...}, "batch_stats":
 {"agent": ...}}` with only the models the mode trains. In shared mode the agent's apply reads
 `params["vit"]` directly, so gradients of the agent's loss land on the ViT's leaves without any
@@ -9,11 +13,14 @@ copy. Mode "cnn" trains one CNN baseline (ResNet-50 or EfficientNet-B2) under th
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import linen as nn
 
 from vitboot_jax.models import attention_init
@@ -24,6 +31,9 @@ from vitboot_jax.models.efficientnet import efficientnet_b2
 from vitboot_jax.models.kernels import XLA, Kernels
 from vitboot_jax.models.resnet import resnet50
 from vitboot_jax.models.vit import ViT
+
+# fold_in of the init rng that seeds the attention initialisers on the host.
+_HOST_INIT_STREAM = 1
 
 CNN_BASELINES = {"resnet50": resnet50, "efficientnet_b2": efficientnet_b2}
 
@@ -46,8 +56,7 @@ def build_vit(
   config: ml_collections.ConfigDict, dtype: Any = jnp.float32, kernels: Kernels = XLA
 ) -> ViT:
   fields = module_fields(config.model)
-  # Attention initialisers (mimetic, impulse) start from the standard scheme and then rewrite
-  # the attention weights on the host (trainer.attention_post_init).
+  # Attention initialisers start from the standard scheme (ModelSet.init_on_host rewrites it).
   if fields["init_scheme"] in attention_init.SCHEMES:
     fields["init_scheme"] = "standard"
   return ViT(num_classes=config.data.num_classes, dtype=dtype, kernels=kernels, **fields)
@@ -91,6 +100,8 @@ class ModelSet:
   modules: dict[str, nn.Module]
   drloc: dict[str, DrLocSetting] = dataclasses.field(default_factory=dict)
   kernels: Kernels = XLA
+  # (vit_params, rng) -> vit_params: config.model.init's attention initialiser, or None.
+  attention_init: Callable[[dict[str, Any], jax.Array], dict[str, Any]] | None = None
 
   @property
   def names(self) -> tuple[str, ...]:
@@ -135,6 +146,15 @@ class ModelSet:
         setting.head, jax.random.fold_in(rngs[name], 1), width
       )
     return {"params": params, "batch_stats": batch_stats}
+
+  def init_on_host(self, params: dict[str, Any], rng: jax.Array) -> dict[str, Any]:
+    """`params` from `init` (with the same `rng`) after the ViT's attention initialiser, which
+    runs on the host; unchanged without one."""
+    if self.attention_init is None:
+      return params
+    vit = jax.tree.map(np.asarray, jax.device_get(params["vit"]))
+    vit = self.attention_init(vit, jax.random.fold_in(rng, _HOST_INIT_STREAM))
+    return {**params, "vit": jax.tree.map(jnp.asarray, vit)}
 
   def apply(
     self,
@@ -220,6 +240,18 @@ def build_models(config: ml_collections.ConfigDict, kernels: Kernels) -> ModelSe
     modules["agent"] = build_agent(config, shared=mode == "shared", dtype=dtype, kernels=kernels)
   if mode == "cnn":
     modules["cnn"] = build_cnn(config, dtype, kernels)
+  host_init = None
+  if "vit" in modules and config.model.init in attention_init.SCHEMES:
+    host_init = functools.partial(
+      attention_init.apply_init,
+      config.model.init,
+      num_heads=config.model.num_heads,
+      grid=config.image_size // config.model.patch_size,
+    )
   return ModelSet(
-    mode=mode, modules=modules, drloc=_drloc_settings(config, modules), kernels=kernels
+    mode=mode,
+    modules=modules,
+    drloc=_drloc_settings(config, modules),
+    kernels=kernels,
+    attention_init=host_init,
   )
