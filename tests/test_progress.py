@@ -8,7 +8,7 @@ import pytest
 
 from tests.runs import TINY
 from tests.runs import env as _env
-from vitboot_jax import progress
+from vitboot_jax import progress, quiet
 
 
 class FakeClock:
@@ -142,28 +142,28 @@ def test_a_later_evaluation_line_trusts_the_last_evaluation_time():
 
 
 def test_library_info_is_dropped_and_warnings_kept():
-  quiet = progress._QuietLibraries()
+  libraries = quiet._QuietLibraries()
 
   def record(path, level, message="message"):
     return logging.LogRecord("absl", level, path, 1, message, None, None)
 
-  assert not quiet.filter(record("/site-packages/orbax/checkpoint/manager.py", logging.INFO))
-  assert not quiet.filter(record("/site-packages/tensorflow_datasets/core/x.py", logging.INFO))
-  assert quiet.filter(record("/site-packages/orbax/checkpoint/manager.py", logging.WARNING))
-  assert not quiet.filter(record("/site-packages/jax/_src/xla_bridge.py", logging.INFO))
-  assert quiet.filter(record("/vitboot_jax/train.py", logging.INFO))
+  assert not libraries.filter(record("/site-packages/orbax/checkpoint/manager.py", logging.INFO))
+  assert not libraries.filter(record("/site-packages/tensorflow_datasets/core/x.py", logging.INFO))
+  assert libraries.filter(record("/site-packages/orbax/checkpoint/manager.py", logging.WARNING))
+  assert not libraries.filter(record("/site-packages/jax/_src/xla_bridge.py", logging.INFO))
+  assert libraries.filter(record("/vitboot_jax/train.py", logging.INFO))
   # orbax's warnings on a read-only checkpoint (what the tools ask for) go; its others stay.
   manager = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
   note = "Given directory is read only=/tmp/run/checkpoints"
-  assert not quiet.filter(record(manager, logging.WARNING, note))
+  assert not libraries.filter(record(manager, logging.WARNING, note))
   note = "CheckpointManagerOptions.read_only=True, setting save_interval_steps=0."
-  assert not quiet.filter(record(manager, logging.WARNING, note))
-  assert quiet.filter(record(manager, logging.WARNING, "Checkpoint step 5 already exists."))
+  assert not libraries.filter(record(manager, logging.WARNING, note))
+  assert libraries.filter(record(manager, logging.WARNING, "Checkpoint step 5 already exists."))
 
 
 @pytest.mark.slow
 def test_tensorflow_starts_quietly():
-  code = "from vitboot_jax import progress; progress.import_tensorflow(); print('imported')"
+  code = "from vitboot_jax import quiet; quiet.import_tensorflow(); print('imported')"
   variables = _env(1)
   variables.pop("TF_CPP_MIN_LOG_LEVEL", None)
   proc = subprocess.run(

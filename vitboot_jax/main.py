@@ -31,7 +31,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vitboot_jax import cli, errors, progress
+from vitboot_jax import cli, errors, quiet
 from vitboot_jax.cpu import devices as cpu_devices
 from vitboot_jax.cpu import features as cpu_features
 from vitboot_jax.cpu import host_memory
@@ -90,7 +90,7 @@ def main(argv):
   if _PRINT_CONFIG.value:
     print(config)
     return
-  progress.quiet_libraries()
+  quiet.libraries()
   from vitboot_jax import startup
 
   # The user's mistakes, in seconds: before JAX loads and before anything is written.

@@ -13,7 +13,7 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from vitboot_jax import configlib, progress, workdirs
+from vitboot_jax import configlib, progress, quiet, workdirs
 from vitboot_jax.data import datasets, sources
 
 
@@ -43,5 +43,5 @@ def check(
     return final
   datasets.ensure(config, may_download=single_process)
   if sources.uses_tensorflow(config):
-    progress.import_tensorflow()  # Before JAX starts: TensorFlow must not take its GPUs.
+    quiet.import_tensorflow()  # Before JAX starts: TensorFlow must not take its GPUs.
   return None

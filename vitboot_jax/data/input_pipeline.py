@@ -32,7 +32,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from vitboot_jax import configlib, errors, progress
+from vitboot_jax import configlib, errors, quiet
 from vitboot_jax.data import device_preprocess, preprocess, sources
 from vitboot_jax.data.sources import (  # noqa: F401  (public here as before)
   IMAGE_EXTENSIONS,
@@ -41,7 +41,7 @@ from vitboot_jax.data.sources import (  # noqa: F401  (public here as before)
   subset_indices,
 )
 
-tf = progress.import_tensorflow()  # Quietly, and off every accelerator: JAX's memory stays JAX's.
+tf = quiet.import_tensorflow()  # Quietly, and off every accelerator: JAX's memory stays JAX's.
 import tensorflow_datasets as tfds  # noqa: E402  (after TensorFlow is set up)
 
 _AUTOTUNE = tf.data.AUTOTUNE

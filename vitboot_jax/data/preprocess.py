@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import ml_collections
 
-from vitboot_jax import configlib, progress
+from vitboot_jax import configlib, quiet
 from vitboot_jax.data.device_preprocess import (  # One definition for both pipelines.
   AUGMENT_STREAM,
   CIFAR_PAD,
@@ -25,7 +25,7 @@ from vitboot_jax.data.device_preprocess import (  # One definition for both pipe
   IMAGENET_SCALE,
 )
 
-tf = progress.import_tensorflow()  # Quietly, and off every accelerator.
+tf = quiet.import_tensorflow()  # Quietly, and off every accelerator.
 
 
 TrainFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]

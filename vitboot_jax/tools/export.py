@@ -282,9 +282,9 @@ def define_flags() -> None:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {argv[1:]}")
-  from vitboot_jax import progress
+  from vitboot_jax import quiet
 
-  progress.quiet_libraries()
+  quiet.libraries()
   output = _FLAGS["output"].value
   try:
     summary = export(_FLAGS["workdir"].value, _FLAGS["format"].value, output, _FLAGS["step"].value)

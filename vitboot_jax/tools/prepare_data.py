@@ -24,7 +24,7 @@ import sys
 import numpy as np
 from absl import app, flags, logging
 
-from vitboot_jax import cli, errors, progress
+from vitboot_jax import cli, errors, quiet
 
 _DATA_DIR = flags.DEFINE_string(
   "data_dir", None, "tfds data directory (default: tfds' own), or the image folder's root."
@@ -103,7 +103,7 @@ def pack_npz(
 def main(argv):
   if len(argv) != 2:
     cli.fail("give one tfds dataset name, e.g. prepare_data cifar10 --data_dir=DIR")
-  progress.quiet_libraries()
+  quiet.libraries()
   name = argv[1]
   if name == "folder":
     if not _NPZ_DIR.value or not _DATA_DIR.value:
@@ -115,7 +115,7 @@ def main(argv):
     print(f"Packed: {', '.join(paths)}\nTrain on it with --config.data.name=npz ", end="")
     print(f"--config.data.dir={_NPZ_DIR.value}")
     return
-  progress.import_tensorflow()
+  quiet.import_tensorflow()
   try:
     path = prepare(name, _DATA_DIR.value)
     if _NPZ_DIR.value:

@@ -37,7 +37,7 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from vitboot_jax import checkpoint, cli, configlib, errors, progress, sharding, workdirs
+from vitboot_jax import checkpoint, cli, configlib, errors, quiet, sharding, workdirs
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.data import device_preprocess, input_pipeline, preprocess
 from vitboot_jax.models import vit as vit_lib
@@ -45,7 +45,7 @@ from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
 from vitboot_jax.tools import plot
 
-tf = progress.import_tensorflow()  # PNGs through tf.io; quietly, off every accelerator.
+tf = quiet.import_tensorflow()  # PNGs through tf.io; quietly, off every accelerator.
 
 INDEX_FILE = "index.json"
 FIGURES_SUBDIR = "figures"  # Where a run's figures go by default: RUN/figures.
@@ -529,7 +529,7 @@ def define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  progress.quiet_libraries()  # Restoring a checkpoint logs ~25 orbax INFO lines.
+  quiet.libraries()  # Restoring a checkpoint logs ~25 orbax INFO lines.
   try:
     result = run(_CONFIG.value, _OUT.value, _WORKDIR.value, _NUM_IMAGES.value, _IMAGES.value)
   except errors.UsageError as error:

@@ -1,0 +1,71 @@
+"""Library chatter kept off the console: TensorFlow's C++ start-up lines and orbax, tfds and JAX
+INFO logs (warnings and errors still show), and TensorFlow imported without them and with its GPUs
+hidden, since it is only ever the input pipeline.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging as logging_lib
+import os
+import sys
+import tempfile
+
+from absl import logging
+
+_TF_STARTUP_CHATTER = ("WARNING: All log messages before absl::InitializeLog()",)
+
+
+_NOISY_PATHS = ("/orbax/", "/tensorflow_datasets/", "/jax/_src/xla_bridge.py")
+
+
+class _QuietLibraries(logging_lib.Filter):
+  """Drops INFO chatter of orbax and tfds (every checkpoint logs ~20 lines) and JAX's backend
+  probing ("Unable to initialize backend 'tpu'" on every CPU run); keeps warnings."""
+
+  def filter(self, record: logging_lib.LogRecord) -> bool:
+    noisy = any(part in record.pathname for part in _NOISY_PATHS)
+    if noisy and "read only" in record.getMessage().replace("read_only", "read only"):
+      return False  # orbax's notes on a read-only checkpoint: what the tools ask for.
+    return record.levelno >= logging_lib.WARNING or not noisy
+
+
+def libraries() -> None:
+  """Keeps orbax's, tfds' and JAX's backend-probing INFO logs off the console (absl's handler)
+  and TensorFlow's C++ INFO logs off stderr; warnings stay. Call it before JAX starts a backend
+  (main and every tool)."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _QuietLibraries) for f in handler.filters):
+    handler.addFilter(_QuietLibraries())
+
+
+def import_tensorflow():
+  """Imports TensorFlow without its C++ INFO start-up lines (printed once per loaded library),
+  with its GPUs hidden: it is only the input pipeline and must never take memory JAX needs."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  if "tensorflow" not in sys.modules:
+    _import_quietly("tensorflow")
+  tf = sys.modules["tensorflow"]
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except (RuntimeError, ValueError):  # Its devices are already initialised: nothing to change.
+    pass
+  return tf
+
+
+def _import_quietly(name: str) -> None:
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      importlib.import_module(name)
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      for line in captured.read().decode(errors="replace").splitlines(keepends=True):
+        if not (line.startswith(_TF_STARTUP_CHATTER) or line[:1] == "I" and line[1:5].isdigit()):
+          sys.stderr.write(line)
+      sys.stderr.flush()
