@@ -53,13 +53,13 @@ if [[ ! -f $npz/train.npz ]]; then
   else
     run pack.log python -c "
 import numpy as np
-from vitboot_jax.data import sources
+from vitboot_jax.data import npz
 rng = np.random.default_rng(0)
 for split, n in (('train', 5000), ('test', 1000)):
   labels = np.arange(n) % 10
   colour = np.stack([labels * 20, 255 - labels * 20, np.full(n, 100)], -1)[:, None, None]
   images = np.clip(rng.integers(0, 60, (n, 32, 32, 3)) + colour, 0, 255).astype(np.uint8)
-  sources.write_npz('$npz/' + split + '.npz', images, labels)
+  npz.write_npz('$npz/' + split + '.npz', images, labels)
 print('synthetic')"
   fi
 fi

@@ -17,7 +17,7 @@ from tests.runs import env as _env
 from tests.runs import metrics as _metrics
 from tests.runs import train_losses as _train_losses
 from vitboot_jax import configlib, errors, sharding
-from vitboot_jax.data import device_data, device_preprocess, sources
+from vitboot_jax.data import device_data, device_preprocess, npz, record, sources
 from vitboot_jax.tools import prepare_data
 
 
@@ -28,7 +28,7 @@ def _write_npz(root, n_train=160, n_test=40, size=32, seed=0):
     labels = np.repeat(np.arange(10), n // 10)
     colour = np.stack([labels * 20, 255 - labels * 20, np.full(n, 100)], -1)[:, None, None, :]
     images = np.clip(rng.integers(0, 60, (n, size, size, 3)) + colour, 0, 255).astype(np.uint8)
-    sources.write_npz(str(root / f"{split}.npz"), images, labels)
+    npz.write_npz(str(root / f"{split}.npz"), images, labels)
   return root
 
 
@@ -61,24 +61,24 @@ def test_npz_errors_name_the_key_dtype_and_shape(tmp_path):
   for name, (arrays, expected) in cases.items():
     np.savez(tmp_path / f"{name}.npz", **arrays)
     with pytest.raises(errors.DataError, match="must|not") as info:
-      sources.read_npz(str(tmp_path), name)
+      npz.read_npz(str(tmp_path), name)
     assert expected in str(info.value) and f"{name}.npz" in str(info.value), str(info.value)
   with pytest.raises(errors.DataError, match="has no missing.npz"):
-    sources.read_npz(str(tmp_path), "missing")
+    npz.read_npz(str(tmp_path), "missing")
 
 
 def test_subset_and_order_are_the_tfdata_pipelines(npz_dir):
-  from vitboot_jax.data import input_pipeline
+  from vitboot_jax.data import input_pipeline, tf_sources
 
   config = _config(npz_dir, train_fraction=0.5)
-  images, labels, index = sources.split_arrays(config, "train", subset=True)
-  all_labels = sources.read_npz(str(npz_dir), "train")["labels"]
-  want = input_pipeline.subset_indices(all_labels, 0.5)
+  images, labels, index = device_data.read_split(config, "train", subset=True)
+  all_labels = npz.read_npz(str(npz_dir), "train")["labels"]
+  want = sources.subset_indices(all_labels, 0.5)
   np.testing.assert_array_equal(index, want)
   np.testing.assert_array_equal(labels, all_labels[want])
   # The tf.data pipeline reads the same files and selects the same examples.
   assert input_pipeline.dataset_info(config).num_train_examples == len(want) == 80
-  ex = list(input_pipeline._source(config).examples("train", want).as_numpy_iterator())
+  ex = list(tf_sources.open_source(config).examples("train", want).as_numpy_iterator())
   np.testing.assert_array_equal([e["index"] for e in ex], want)
   np.testing.assert_array_equal(np.stack([e["ref"] for e in ex]), images)
 
@@ -98,7 +98,7 @@ def test_batches_are_a_function_of_the_step(npz_dir):
   dataset, batch_at = _place(config, mesh)
   steps = dataset.info.steps_per_epoch
   assert steps == 5  # 80 examples, batch 16.
-  arrays = sources.split_arrays(config, "train", subset=True)
+  arrays = device_data.read_split(config, "train", subset=True)
   lookup = {arr.tobytes(): i for i, arr in enumerate(arrays[0])}
   epochs = []
   for epoch in range(2):
@@ -278,18 +278,18 @@ def test_data_record_and_test_split_check_need_no_tensorflow(image_folder, npz_d
     "import json\n"
     "from tests.config_files import load_config\n"
     "from vitboot_jax import errors\n"
-    "from vitboot_jax.data import device_data, sources\n"
+    "from vitboot_jax.data import device_data, record, sources\n"
     f"config = load_config({TINY!r})\n"
     f"config.data.update(name='folder', dir={str(folder)!r}, pipeline='device')\n"
     "info = sources.DatasetInfo(160, 40, 10, 10, tuple(f'class{c}' for c in range(10)))\n"
-    "records = [sources.data_fingerprint(config, info)]\n"
+    "records = [record.data_fingerprint(config, info)]\n"
     "try:\n"
     "  device_data.read_split(config, 'test', subset=False)\n"
     "  message = None\n"
     "except errors.UsageError as error:\n"
     "  message = str(error)\n"
     f"config.data.update(name='npz', dir={str(npz_dir)!r})\n"
-    "records.append(sources.data_fingerprint(config, info))\n"
+    "records.append(record.data_fingerprint(config, info))\n"
     "print(json.dumps([records, message, 'tensorflow' in sys.modules]))\n"
   )
   proc = without_tensorflow.run(code)
@@ -307,13 +307,13 @@ def test_a_changed_npz_of_the_same_size_is_another_dataset(tmp_path):
   root = _write_npz(tmp_path / "data")
   config = _config(root)
   info = sources.DatasetInfo(160, 40, 10, 10, tuple(str(c) for c in range(10)))
-  before = sources.data_fingerprint(config, info)
+  before = record.data_fingerprint(config, info)
   arrays = dict(np.load(root / "test.npz"))
-  sources.write_npz(str(root / "test.npz"), arrays["images"], arrays["labels"])
-  assert sources.data_fingerprint(config, info) == before  # Same arrays, new file: same data.
+  npz.write_npz(str(root / "test.npz"), arrays["images"], arrays["labels"])
+  assert record.data_fingerprint(config, info) == before  # Same arrays, new file: same data.
   arrays["images"][0, 0, 0, 0] ^= 1
-  sources.write_npz(str(root / "test.npz"), arrays["images"], arrays["labels"])
-  after = sources.data_fingerprint(config, info)
+  npz.write_npz(str(root / "test.npz"), arrays["images"], arrays["labels"])
+  after = record.data_fingerprint(config, info)
   assert after["splits"]["train"] == before["splits"]["train"]
   assert after["splits"]["test"]["arrays_sha256"] != before["splits"]["test"]["arrays_sha256"]
 
@@ -321,7 +321,7 @@ def test_a_changed_npz_of_the_same_size_is_another_dataset(tmp_path):
 def test_pack_npz_from_an_image_folder(image_folder, tmp_path):
   out = tmp_path / "packed"
   prepare_data.pack_npz("folder", str(image_folder), str(out))
-  arrays = sources.read_npz(str(out), "train")
+  arrays = npz.read_npz(str(out), "train")
   assert arrays["images"].shape == (160, 32, 32, 3) and arrays["labels"].tolist()[:17] == [
     0
   ] * 16 + [1]

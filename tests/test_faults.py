@@ -20,7 +20,7 @@ from tests import runs
 from tests.config_files import load_config
 from tests.runs import command, env, metrics, run
 from vitboot_jax import checkpoint, preemption, train
-from vitboot_jax.data import input_pipeline
+from vitboot_jax.data import input_pipeline, sources
 
 # ---------------------------------------------------------------------------------------------
 # A watched run: kill it when a condition on its log or its checkpoint directory comes true.
@@ -239,7 +239,7 @@ def test_unreadable_image_is_named(image_folder, tmp_path, damage):
   data = bad.read_bytes()
   bad.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
   config = _tiny_config(folder)
-  with pytest.raises(input_pipeline.UnreadableImageError) as info:
+  with pytest.raises(sources.UnreadableImageError) as info:
     for _ in input_pipeline.train_batches(config):
       pass
   message = str(info.value)
@@ -460,7 +460,7 @@ def test_a_bad_test_image_stops_the_run_before_training(data_copy, damage, pipel
   import tensorflow as tf
 
   from vitboot_jax import errors, sharding
-  from vitboot_jax.data import feeds, sources
+  from vitboot_jax.data import feeds, undecodable
 
   config = _tiny_config(data_copy)
   config.data.pipeline = pipeline  # Suspects are decoded by TensorFlow or by PIL.
@@ -475,7 +475,7 @@ def test_a_bad_test_image_stops_the_run_before_training(data_copy, damage, pipel
   else:
     bad.write_bytes(tf.io.encode_png(np.zeros((40, 36, 3), np.uint8)).numpy())
   if pipeline == "tfdata":
-    check = functools.partial(sources.check_split, config, "test")
+    check = functools.partial(undecodable.check_split, config, "test")
   else:  # Loading decodes every image and checks its size: train.py checks nothing after it.
     check = functools.partial(feeds.open_feed, config, sharding.make_mesh())
   with pytest.raises(errors.UsageError) as info:  # main: one line, exit 2.

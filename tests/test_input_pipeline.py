@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 
 from tests.config_files import load_config
 from vitboot_jax import configlib
-from vitboot_jax.data import input_pipeline, preprocess
+from vitboot_jax.data import input_pipeline, preprocess, sources, tf_sources
 
 MEAN, STD = configlib.NORMALISATION["cifar10"]
 CLASSES = ("cat", "dog", "emu")
@@ -84,7 +84,7 @@ def take(iterator, n):
 
 def test_dataset_info_and_canonical_labels(folder):
   info = input_pipeline.dataset_info(make_config(folder))
-  assert info == input_pipeline.DatasetInfo(30, NUM_EVAL, 3, 5, CLASSES)
+  assert info == sources.DatasetInfo(30, NUM_EVAL, 3, 5, CLASSES)
   labels = input_pipeline.split_labels(make_config(folder), "train")
   np.testing.assert_array_equal(labels, np.repeat([0, 1, 2], NUM_TRAIN_PER_CLASS))
 
@@ -208,28 +208,28 @@ def reference_subset(labels, fraction):
 
 def test_subset_indices_are_official_balanced_and_nested():
   labels = np.random.default_rng(0).integers(0, 7, size=500)
-  small = input_pipeline.subset_indices(labels, 0.2)
-  large = input_pipeline.subset_indices(labels, 0.5)
+  small = sources.subset_indices(labels, 0.2)
+  large = sources.subset_indices(labels, 0.5)
   np.testing.assert_array_equal(small, reference_subset(labels.tolist(), 0.2))
   np.testing.assert_array_equal(large, reference_subset(labels.tolist(), 0.5))
-  np.testing.assert_array_equal(small, input_pipeline.subset_indices(labels, 0.2))
+  np.testing.assert_array_equal(small, sources.subset_indices(labels, 0.2))
   counts = np.bincount(labels)
   np.testing.assert_array_equal(np.bincount(labels[small]), [round(n * 0.2) for n in counts])
   assert set(small) <= set(large)
-  np.testing.assert_array_equal(input_pipeline.subset_indices(labels, 1.0), np.arange(500))
+  np.testing.assert_array_equal(sources.subset_indices(labels, 1.0), np.arange(500))
 
 
 @pytest.mark.parametrize("fraction", [0.0, -0.1, 0.001])
 def test_subset_indices_reject_bad_fractions(fraction):
   with pytest.raises(ValueError, match="config.data.train_fraction"):
-    input_pipeline.subset_indices(np.array([0, 0, 1, 1, 2]), fraction)
+    sources.subset_indices(np.array([0, 0, 1, 1, 2]), fraction)
 
 
 def test_subset_in_pipeline(folder):
   config = make_config(folder, train_fraction=0.5)
   info = input_pipeline.dataset_info(config)
   assert (info.num_train_examples, info.steps_per_epoch) == (15, 2)
-  expected = input_pipeline.subset_indices(input_pipeline.split_labels(config, "train"), 0.5)
+  expected = sources.subset_indices(input_pipeline.split_labels(config, "train"), 0.5)
   seen = set()
   for batch in take(input_pipeline.train_batches(config), 8):  # 4 epochs of 12 of the 15.
     seen.update(example_ids(batch["image"]))
@@ -289,7 +289,7 @@ def test_tfds_mock_data(tmp_path):
     config.data.train_fraction = 0.5
     info = input_pipeline.dataset_info(config)
     assert info.num_train_examples == sum(round(n * 0.5) for n in np.bincount(labels))
-    assert info.num_train_examples == len(input_pipeline.subset_indices(labels, 0.5))
+    assert info.num_train_examples == len(sources.subset_indices(labels, 0.5))
     assert next(input_pipeline.train_batches(config))["image"].shape == (8, 32, 32, 3)
 
 
@@ -332,9 +332,9 @@ def tfds_dir(tmp_path_factory):
 
 def test_tfds_prepared_dataset(tfds_dir):
   config = make_config(tfds_dir, name="vitboot_tiny_images", train_fraction=0.5)
-  assert input_pipeline.dataset_info(config) == input_pipeline.DatasetInfo(15, 21, 3, 2, CLASSES)
+  assert input_pipeline.dataset_info(config) == sources.DatasetInfo(15, 21, 3, 2, CLASSES)
   labels = input_pipeline.split_labels(config, "train")  # tfds stores examples shuffled.
-  expected = input_pipeline.subset_indices(labels, 0.5)
+  expected = sources.subset_indices(labels, 0.5)
   full = take(input_pipeline.train_batches(config), 6)
   seen = np.concatenate([example_ids(b["image"]) for b in full])
   assert set(seen) <= set(range(30)) and len(set(seen)) == 15
@@ -356,13 +356,13 @@ def test_tfds_prepared_dataset(tfds_dir):
 
 
 def test_tfds_data_record_is_the_version_and_split_counts(tfds_dir):
-  from vitboot_jax.data import sources
+  from vitboot_jax.data import record
 
   config = make_config(tfds_dir, name="vitboot_tiny_images", train_fraction=0.5)
-  record = sources.data_fingerprint(config, input_pipeline.dataset_info(config))
-  assert record["version"] == str(VitbootTinyImages.VERSION)
-  assert record["splits"] == {"train": {"examples": 30}, "test": {"examples": 21}}
-  assert record["num_train_examples"] == 15 and record["class_names"] == list(CLASSES)
+  data = record.data_fingerprint(config, input_pipeline.dataset_info(config))
+  assert data["version"] == str(VitbootTinyImages.VERSION)
+  assert data["splits"] == {"train": {"examples": 30}, "test": {"examples": 21}}
+  assert data["num_train_examples"] == 15 and data["class_names"] == list(CLASSES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,8 +430,8 @@ def named_images(tmp_path_factory):
 
 
 def _selected_names(config) -> set[str]:
-  source = input_pipeline._source(config)
-  keep = input_pipeline._train_subset(source, config)
+  source = tf_sources.open_source(config)
+  keep = tf_sources.train_subset(source, config)
   if config.data.name == "folder":
     paths = source._listing(config.data.train_split)[0]
     return {str(p).rsplit("/", 1)[-1] for p in paths[keep]}
@@ -447,11 +447,11 @@ def test_tfds_subset_selects_the_image_folder_images(named_images):
     want = _selected_names(folder)
     assert len(want) == 3 * round(NAMED_PER_CLASS * fraction)
     assert _selected_names(tfds_config) == want, fraction
-    source = input_pipeline._source(tfds_config)
+    source = tf_sources.open_source(tfds_config)
     tfds_names = source.file_names("train")
     assert sorted(n.decode() for n in tfds_names) == sorted(NAMED_FILES)
     # The rule applied to tfds' stored record order picks other images: what this guards.
-    old_rule = input_pipeline.subset_indices(source.labels("train"), fraction)
+    old_rule = sources.subset_indices(source.labels("train"), fraction)
     assert {n.decode() for n in tfds_names[old_rule]} != want, fraction
 
   # End to end: one epoch of the 50% subset (18 images, 3 batches of 6) sees the same images.
@@ -517,14 +517,14 @@ def test_tfds_cifar_subset_follows_the_original_order(tmp_path):
       write_image(class_dir / f"{k // 3:04d}.png", colour(k))
   for fraction in (0.25, 0.5):
     tfds_config = make_config(tmp_path / "tfds", name="vitboot_id_images", train_fraction=fraction)
-    source = input_pipeline._source(tfds_config)
+    source = tf_sources.open_source(tfds_config)
     ids = source.file_names("train")
     assert sorted(ids) != list(ids)  # Stored in tfds' hashed order, not the original one.
-    keep = input_pipeline._train_subset(source, tfds_config)
+    keep = tf_sources.train_subset(source, tfds_config)
     from_tfds = {int(i.decode()[len("train_") :]) for i in ids[keep]}
     folder = make_config(root, train_fraction=fraction)
-    paths = input_pipeline._source(folder)._listing("train")[0]
-    kept_paths = paths[input_pipeline._train_subset(input_pipeline._source(folder), folder)]
+    paths = tf_sources.open_source(folder)._listing("train")[0]
+    kept_paths = paths[tf_sources.train_subset(tf_sources.open_source(folder), folder)]
     from_folder = {
       3 * int(p.rsplit("/", 1)[1][:4]) + CLASSES.index(p.rsplit("/", 2)[1]) for p in kept_paths
     }
@@ -542,7 +542,7 @@ def test_real_cifar10_folder(cifar10_dir):
   assert (info.num_train_examples, info.num_eval_examples, info.num_classes) == (50_000, 10_000, 10)
   assert info.class_names[0] == "airplane" and info.class_names[-1] == "truck"
   labels = input_pipeline.split_labels(config, "train")
-  subset = input_pipeline.subset_indices(labels, 0.1)
+  subset = sources.subset_indices(labels, 0.1)
   np.testing.assert_array_equal(np.bincount(labels[subset]), [500] * 10)
   config.data.train_fraction = 0.1
   assert input_pipeline.dataset_info(config).num_train_examples == 5_000

@@ -10,7 +10,7 @@ import numpy as np
 
 from tests.config_files import load_config
 from vitboot_jax import configlib
-from vitboot_jax.data import sources
+from vitboot_jax.data import npz
 from vitboot_jax.tools import sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -34,9 +34,9 @@ def _apply(config, flags):
   return config
 
 
-def _launch(root, epochs, npz, **env):
+def _launch(root, epochs, npz_dir, **env):
   return subprocess.run(
-    ["bash", str(REPO / "launch/rung3_224.sh"), str(root), str(epochs), str(npz)],
+    ["bash", str(REPO / "launch/rung3_224.sh"), str(root), str(epochs), str(npz_dir)],
     capture_output=True,
     text=True,
     env={**os.environ, **env},
@@ -46,12 +46,12 @@ def _launch(root, epochs, npz, **env):
 
 
 def test_rows_are_the_papers_vits_configs_on_the_device_pipeline(tmp_path):
-  npz = tmp_path / "npz"
-  npz.mkdir()
+  npz_dir = tmp_path / "npz"
+  npz_dir.mkdir()
   for split, n in (("train", 80), ("test", 20)):
     images = np.zeros((n, 32, 32, 3), np.uint8)
-    sources.write_npz(str(npz / f"{split}.npz"), images, np.arange(n) % 10)
-  proc = _launch(tmp_path / "root", 240, npz, DRY="1")
+    npz.write_npz(str(npz_dir / f"{split}.npz"), images, np.arange(n) % 10)
+  proc = _launch(tmp_path / "root", 240, npz_dir, DRY="1")
   assert proc.returncode == 0, proc.stderr[-2000:]
   commands = [line for line in proc.stdout.splitlines() if line.startswith("python -m")]
   assert len(commands) == len(ROWS)
@@ -81,7 +81,7 @@ def test_rows_are_the_papers_vits_configs_on_the_device_pipeline(tmp_path):
       "data.train_fraction",
     }, (row, changed)
     assert (config.image_size, config.batch_size, config.model.embed_dim) == (224, 64, 288)
-    assert config.data.pipeline == "device" and config.data.dir == str(npz)
+    assert config.data.pipeline == "device" and config.data.dir == str(npz_dir)
     assert config.num_epochs == 240 and config.eval_every_epochs == 24
     assert config.mode == row.split("_")[0]
     if row.startswith("shared"):

@@ -33,7 +33,7 @@ from vitboot_jax import (
   workdirs,
 )
 from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.data import feeds, sources
+from vitboot_jax.data import feeds, record
 from vitboot_jax.state import TrainState
 
 
@@ -238,7 +238,7 @@ def train_and_evaluate(
   mesh = sharding.make_mesh()
   feed = feeds.open_feed(config, mesh)  # What each jitted call takes: host batches or device data.
   info = feed.info
-  data_record = sources.data_fingerprint(config, info)
+  data_record = record.data_fingerprint(config, info)
   workdirs.check_data(workdir, data_record)  # No resume on other data.
   feed.check_eval_split()  # Bad test images fail now.
   steps_per_epoch = info.steps_per_epoch

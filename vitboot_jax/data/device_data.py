@@ -1,9 +1,9 @@
 """The dataset on the devices (config.data.pipeline="device"): every batch made inside the step.
 
 The training subset and the eval split are read once as uint8 arrays at their stored size
-(sources.py for image folders and .npz files, without TensorFlow; input_pipeline.split_arrays
-for tfds) and placed replicated on every device of every process: each process reads the same
-files and puts a full copy on each of its own devices, so no batch ever crosses a host.
+(folders.py and npz.py, without TensorFlow; tf_sources.decoded_arrays for tfds) and placed
+replicated on every device of every process: each process reads the same files and puts a full
+copy on each of its own devices, so no batch ever crosses a host.
 
 Training batches are a pure function of (data, step), computed inside the jitted step
 (`feeding`): epoch e = step // steps_per_epoch is a permutation of the subset keyed by
@@ -32,7 +32,7 @@ import numpy as np
 from absl import logging
 
 from vitboot_jax import errors, sharding
-from vitboot_jax.data import device_preprocess, sources
+from vitboot_jax.data import device_preprocess, folders, npz, sources
 from vitboot_jax.data.sources import DatasetInfo
 
 Data = dict[str, jax.Array]
@@ -99,15 +99,17 @@ def read_split(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(images uint8 [N, H, W, 3], labels, index in the split) of a split on the host, checked:
   every image decodes and has config.data.stored_size (a bad one is named, before training)."""
-  if config.data.name in sources.ARRAY_SOURCES:
-    arrays = sources.split_arrays(config, split, subset)
+  if config.data.name == "folder":
+    arrays = folders.folder_arrays(config, split, subset)
+  elif config.data.name == "npz":
+    arrays = npz.npz_arrays(config, split, subset)
   else:
-    from vitboot_jax.data import input_pipeline  # tfds: TensorFlow decodes.
+    from vitboot_jax.data import tf_sources  # tfds: TensorFlow decodes.
 
-    arrays = input_pipeline.split_arrays(config, split, subset=subset)
+    arrays = tf_sources.decoded_arrays(config, split, subset=subset)
   where = f"{config.data.name} split {split!r}"
   if config.data.name == "npz":
-    where = sources.npz_path(config.data.dir, split)
+    where = npz.npz_path(config.data.dir, split)
   sources.check_stored_size(config, arrays[0], where)  # A folder's files were named as read.
   return arrays
 
@@ -212,9 +214,9 @@ class DeviceDataset:
 
 def _class_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   if config.data.name == "npz":
-    return sources.npz_class_names(config)
+    return npz.npz_class_names(config)
   if config.data.name == "folder":
-    return tuple(sources.class_folders(config.data.dir, config.data.train_split, "train_split"))
+    return tuple(folders.class_folders(config.data.dir, config.data.train_split, "train_split"))
   from vitboot_jax.data import input_pipeline
 
   return input_pipeline.dataset_info(config).class_names

@@ -18,7 +18,6 @@ import jax
 import ml_collections
 
 from vitboot_jax import sharding
-from vitboot_jax.data import sources
 from vitboot_jax.data.sources import DatasetInfo
 
 
@@ -51,8 +50,10 @@ class TfDataFeed:
     return (sharding.global_batch(b, self._mesh) for b in local)
 
   def check_eval_split(self) -> None:
-    """Fails now on a bad test image (sources.check_split), not at the first evaluation."""
-    sources.check_split(self._config, self._config.data.eval_split)
+    """Fails now on a bad test image (undecodable.check_split), not at the first evaluation."""
+    from vitboot_jax.data import undecodable
+
+    undecodable.check_split(self._config, self._config.data.eval_split)
 
 
 class DeviceFeed:

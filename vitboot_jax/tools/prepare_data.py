@@ -67,34 +67,31 @@ def pack_npz(
   OUT/<split>.npz in canonical order, with class_names and (tfds) file_names; returns paths.
   `train_fraction` < 1 packs that subset of the first split (train it with fraction 1)."""
   from vitboot_jax import configlib
-  from vitboot_jax.data import sources
+  from vitboot_jax.data import device_data, folders, npz
 
   config = configlib.base_config()
   config.data.name, config.data.dir = name, data_dir
   config.data.train_split = splits[0]
   config.data.train_fraction = train_fraction
   if name == "folder":
-    class_names = sources.class_folders(data_dir, splits[0], "train_split")
+    class_names = folders.class_folders(data_dir, splits[0], "train_split")
     file_names = {}
   else:
-    from vitboot_jax.data import input_pipeline
+    from vitboot_jax.data import tf_sources
 
-    info = input_pipeline._TfdsSource(config)
+    info = tf_sources.TfdsSource(config)
     class_names = info.class_names
     file_names = {split: info.file_names(split) for split in splits}
   config.data.num_classes = len(class_names)
   paths = []
   for split in splits:
     subset = split == splits[0] and train_fraction < 1.0
-    if name == "folder":
-      images, labels, index = sources.split_arrays(config, split, subset=subset)
-    else:
-      images, labels, index = input_pipeline.split_arrays(config, split, subset=subset)
+    images, labels, index = device_data.read_split(config, split, subset=subset)
     extra = {"class_names": np.asarray(class_names, str)}
     if file_names.get(split) is not None:
       extra["file_names"] = np.asarray(file_names[split], str)[index]
-    path = sources.npz_path(out_dir, split)
-    sources.write_npz(path, images, labels, **extra)
+    path = npz.npz_path(out_dir, split)
+    npz.write_npz(path, images, labels, **extra)
     logging.info("Wrote %s: %d images of %s.", path, len(labels), images.shape[1:])
     paths.append(path)
   return paths

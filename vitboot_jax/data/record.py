@@ -1,0 +1,59 @@
+"""The workdir's record of the data a run trains on (data.json), so a resume on other data is
+refused (workdirs.check_data compares it)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from vitboot_jax.data import folders, npz, sources
+
+
+def data_fingerprint(
+  config: ml_collections.ConfigDict, info: sources.DatasetInfo
+) -> dict[str, Any]:
+  """What a run trains on, recorded in its workdir so a resume on other data is refused.
+
+  Per split, its example count and: for an image folder, a sha256 of the file list (paths
+  relative to the split, and sizes); for an .npz, a sha256 of its images' and labels' bytes
+  (a fraction of a second at CIFAR scale, docs/performance.md; the file's own bytes change with
+  every write's zip timestamps); for a tfds dataset, the dataset's version (read through tfds,
+  hence TensorFlow, which a tfds run has). All: class names, training examples and steps per
+  epoch.
+  """
+  name, train_split = config.data.name, config.data.train_split
+  split_names = list(dict.fromkeys((train_split, config.data.eval_split)))
+  record: dict[str, Any] = {"name": name}
+  if name == "folder":
+    classes = tuple(folders.class_folders(config.data.dir, train_split, "train_split"))
+    splits = {}
+    for split in split_names:
+      paths, _ = folders.list_folder(
+        config.data.dir, split, sources.split_field(split, train_split), classes
+      )
+      digest = folders.FILES_DIGEST[(config.data.dir, split, classes)]
+      splits[split] = {"examples": len(paths), "files_sha256": digest}
+  elif name == "npz":
+    splits = {}
+    for split in split_names:
+      arrays = npz.read_npz(config.data.dir, split, train_split)
+      digest = hashlib.sha256()
+      for key in ("images", "labels"):
+        digest.update(f"{key}{arrays[key].dtype}{arrays[key].shape}".encode())
+        digest.update(np.ascontiguousarray(arrays[key]).data)
+      splits[split] = {"examples": len(arrays["labels"]), "arrays_sha256": digest.hexdigest()}
+  else:
+    from vitboot_jax.data import tf_sources  # tfds reads through TensorFlow.
+
+    record["version"], counts = tf_sources.tfds_record(config)
+    splits = {split: {"examples": count} for split, count in counts.items()}
+  record.update(
+    splits=splits,
+    class_names=list(info.class_names),
+    num_train_examples=info.num_train_examples,
+    steps_per_epoch=info.steps_per_epoch,
+  )
+  return record
