@@ -2,6 +2,7 @@
 
 import ast
 import dataclasses
+import functools
 import pathlib
 import subprocess
 import sys
@@ -92,12 +93,71 @@ def test_models_never_import_the_cpu_layer():
   assert "vitboot_jax.cpu" not in loaded, loaded
 
 
+PACKAGE = MODELS.parent
+
+
+@functools.cache
+def _package_imports() -> dict[str, set[str]]:
+  """{module: the package's modules it imports}, lazy imports inside functions included."""
+  modules = {
+    ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+    for p in PACKAGE.rglob("*.py")
+  }
+  graph = {}
+  for name, path in modules.items():
+    edges = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        found = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        found = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+      else:
+        continue
+      edges |= {m for m in found if m in modules and m != name}
+    graph[name] = edges
+  return graph
+
+
+def test_the_package_has_no_import_circle_and_its_core_never_imports_a_tool():
+  """Modules import in one direction: a circle (lazy imports too) means two modules are one
+  concern split wrongly; tools/ builds on the core, never the reverse."""
+  graph = _package_imports()
+  for module, imported in graph.items():
+    if not module.startswith("vitboot_jax.tools"):
+      tools = sorted(m for m in imported if m.startswith("vitboot_jax.tools"))
+      assert not tools, f"{module} (the core) imports {tools}"
+  done, path = set(), []
+
+  def visit(module: str) -> None:
+    if module in path:
+      circle = path[path.index(module) :] + [module]
+      raise AssertionError("import circle: " + " -> ".join(circle))
+    if module in done:
+      return
+    path.append(module)
+    for other in sorted(graph[module]):
+      visit(other)
+    path.pop()
+    done.add(module)
+
+  for module in sorted(graph):
+    visit(module)
+
+
+def _is_leaf(module: str) -> bool:
+  """A module of the package that imports nothing else of it (files.py, errors.py)."""
+  return not _package_imports().get(module, {"?"})
+
+
 def test_models_import_nothing_from_the_top_level_package():
-  # models/ is the bottom layer: configs, losses and the trainer use it, never the reverse.
+  # models/ is the bottom layer: configs, losses and the trainer use it, never the reverse;
+  # only leaves of the package (which import nothing of it, as files.py) are below it.
   for path in sorted(MODELS.glob("*.py")):
     for module in _imported_modules(path):
       inside = module == "vitboot_jax.models" or module.startswith("vitboot_jax.models.")
-      assert inside or not module.startswith("vitboot_jax"), f"{path.name} imports {module}"
+      below = inside or _is_leaf(module) or not module.startswith("vitboot_jax")
+      assert below, f"{path.name} imports {module}"
 
 
 def test_xla_bf16_products_sum_in_float32_with_jax_derivatives():
