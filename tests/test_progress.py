@@ -92,10 +92,11 @@ def test_eta_counts_remaining_evaluations_at_their_measured_cost():
   assert p.seconds_per_step() == pytest.approx(1.0)
   assert p.eta(60) == pytest.approx(40 + 2 * 40)
   line = lines[-1]
-  assert line.startswith("step 60/100 ep 3.00  loss agent 1.250 vit 1.500")
+  assert line.startswith("step 60/100 ep 3.00  total loss agent 1.250 vit 1.500")
   assert "top-1 agent 50.0% vit 25.0%" in line and "  10 img/s" in line and "ETA 2m00s" in line
   assert "grad_norm" not in line and len(line) < 130
-  assert "Evaluating at step 40 (about 6s)." in lines  # 300 images at a fifth of 0.1 s.
+  # 300 images at a fifth of 0.1 s.
+  assert "Evaluating at step 40 (about 6s plus compilation, the first time)." in lines
   assert "eval at step 40: top-1 agent 50.00% vit 25.00% (40s)" in lines
 
 

@@ -6,7 +6,7 @@ logged interval (which holds compilation unless `compiled` marked its end; until
 its own rate) and every evaluation left at the duration of the last one without its first
 batch's call (which holds the compilation of a process's first evaluation); before the first
 evaluation, an evaluation is estimated at a fixed fraction of the training cost per image (a
-fifth, as measured on CPU).
+fifth, as measured on CPU), and the first one's line says that its compilation comes on top.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ class Progress:
     self._mark_step, self._mark_time, self._paused = step, now, 0.0
     losses = _by_model(scalars, "train/loss_")
     line = f"step {step}/{self.total} ep {step / self.per_epoch:.2f}"
-    if losses:
-      line += "  loss " + " ".join(f"{k} {v:.3f}" for k, v in losses.items())
+    if losses:  # Each model's weighted sum of its terms (CE, KD, feature, DrLoc): its total.
+      line += "  total loss " + " ".join(f"{k} {v:.3f}" for k, v in losses.items())
     if self.top1:
       line += "  top-1 " + _percentages(self.top1, digits=1)
     self._log("%s  %.0f img/s  ETA %s", line, rate * self.batch, duration(self.eta(step)))
@@ -118,7 +118,9 @@ class Progress:
     """Times an evaluation at `step` (kept out of the training rate)."""
     start = self._clock()
     self._eval_step, self._eval_start, self._first_call = step, start, 0.0
-    self._log("Evaluating at step %d (about %s).", step, duration(self._eval_estimate()))
+    # Before one is measured, the estimate leaves out what only the first pays (compilation).
+    first = " plus compilation, the first time" if self.eval_seconds is None else ""
+    self._log("Evaluating at step %d (about %s%s).", step, duration(self._eval_estimate()), first)
     yield
     self._eval_took = self._clock() - start
     self._paused += self._eval_took
