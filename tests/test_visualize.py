@@ -168,7 +168,9 @@ def test_figures_have_titles_axis_labels_and_colour_bars():
   rng = np.random.default_rng(0)
   pictures = rng.integers(0, 256, (2, 16, 16, 3)).astype(np.uint8)
   maps = rng.random((2, 4, 4))
-  fig = visualize.rows_figure(pictures, maps, "block 0", "mean over heads", "probability", "patch")
+  fig = visualize.rows_figure(
+    pictures, maps, "block 0", "mean over heads", "probability", "patch", side=8
+  )
   assert fig.get_suptitle() == "block 0"
   colour_bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
   assert len(colour_bars) == 2 and colour_bars[0].get_ylabel() == "probability"
@@ -179,7 +181,9 @@ def test_figures_have_titles_axis_labels_and_colour_bars():
     ("patch column", "patch row"),
     ("x (px)", "y (px)"),
   ]
-  heads = visualize.heads_figure(pictures[0], rng.random((9, 4, 4)), "heads")
+  # Up-sampled tiles, axes in the model input's pixels (an 8-px input shown at 16 px).
+  assert panels[0].get_xlim() == (0.0, 8.0) and panels[2].get_xlim() == (0.0, 8.0)
+  heads = visualize.heads_figure(pictures[0], rng.random((9, 4, 4)), "heads", side=8)
   assert heads.get_suptitle() == "heads"
   assert [ax.get_label() for ax in heads.axes].count("<colorbar>") == 1  # One shared scale.
   assert [ax.get_title() for ax in heads.axes[1:10]] == [f"head {h}" for h in range(9)]
@@ -190,7 +194,8 @@ def test_without_matplotlib_the_figures_are_plain_tiles(tmp_path, monkeypatch, c
   rng = np.random.default_rng(0)
   pictures = rng.integers(0, 256, (2, TILE, TILE, 3)).astype(np.uint8)
   attention = [rng.random((2, HEADS, 17, 17))]
-  files = visualize.write_figures(str(tmp_path), pictures, attention, [rng.random((2, 4, 4))], [])
+  vit_maps = [rng.random((2, 4, 4))]
+  files = visualize.write_figures(str(tmp_path), pictures, attention, vit_maps, [], side=32)
   assert files == ["attention_layer0.png", "attention_heads_layer0.png", "features_vit_layer0.png"]
   assert _decode(tmp_path / files[0]).shape == _grid_shape(2, 3)
   assert _decode(tmp_path / files[1]).shape == _grid_shape(2, visualize.HEAD_COLUMNS)

@@ -307,8 +307,9 @@ def _new_figure(rows: int, cols: int, title: str) -> tuple[Any, np.ndarray]:
   return fig, axes
 
 
-def _show_picture(ax: Any, picture: np.ndarray, title: str) -> None:
-  ax.imshow(picture, interpolation="nearest")
+def _show_picture(ax: Any, picture: np.ndarray, title: str, side: int) -> None:
+  """The (up-sampled) input on axes in the model input's pixels, `side` of them a row."""
+  ax.imshow(picture, interpolation="nearest", extent=(0, side, side, 0))
   ax.set(title=title, xlabel="x (px)", ylabel="y (px)")
 
 
@@ -330,34 +331,39 @@ def _imshow_grid(ax: Any, map2d: np.ndarray, title: str, grid: str, vmin=None, v
   return image
 
 
-def _show_overlay(ax: Any, picture: np.ndarray, map2d: np.ndarray) -> None:
+def _show_overlay(ax: Any, picture: np.ndarray, map2d: np.ndarray, side: int) -> None:
   """The map (the colours of the panel before) stretched over the input, half transparent."""
-  h, w = picture.shape[:2]
-  ax.imshow(picture, interpolation="nearest")
-  ax.imshow(map2d, cmap="viridis", alpha=0.5, extent=(0, w, h, 0), interpolation="bilinear")
+  ax.imshow(picture, interpolation="nearest", extent=(0, side, side, 0))
+  ax.imshow(map2d, cmap="viridis", alpha=0.5, extent=(0, side, side, 0), interpolation="bilinear")
   ax.set(title="overlay", xlabel="x (px)", ylabel="y (px)")
 
 
 def rows_figure(
-  pictures: np.ndarray, maps: np.ndarray, title: str, map_title: str, label: str, grid: str
+  pictures: np.ndarray,
+  maps: np.ndarray,
+  title: str,
+  map_title: str,
+  label: str,
+  grid: str,
+  side: int,
 ) -> Any:
-  """A figure with one row per image: the input, its map (colour bar in `label` units) and the
-  map over the input in the same colours."""
+  """A figure with one row per image: the input (axes in the `side`-px model input's pixels),
+  its map (colour bar in `label` units) and the map over the input in the same colours."""
   fig, axes = _new_figure(len(pictures), 3, title)
   for (ax_in, ax_map, ax_over), picture, map2d in zip(axes, pictures, maps):
-    _show_picture(ax_in, picture, "input")
+    _show_picture(ax_in, picture, "input", side)
     _show_map(fig, ax_map, map2d, map_title, label, grid)
-    _show_overlay(ax_over, picture, map2d)
+    _show_overlay(ax_over, picture, map2d, side)
   return fig
 
 
-def heads_figure(picture: np.ndarray, heads: np.ndarray, title: str) -> Any:
+def heads_figure(picture: np.ndarray, heads: np.ndarray, title: str, side: int) -> Any:
   """The input and each head's cls attention on one colour scale (one colour bar)."""
   cols = HEAD_COLUMNS
   rows = math.ceil((len(heads) + 1) / cols)
   fig, axes = _new_figure(rows, cols, title)
   flat = axes.reshape(-1)
-  _show_picture(flat[0], picture, "input")
+  _show_picture(flat[0], picture, "input", side)
   vmin, vmax = float(np.min(heads)), float(np.max(heads))
   image = None
   for h, (ax, map2d) in enumerate(zip(flat[1:], heads)):
@@ -381,8 +387,10 @@ def write_figures(
   attention: list[np.ndarray],
   vit_maps: list[np.ndarray],
   agent_maps: list[np.ndarray],
+  side: int,
 ) -> list[str]:
-  """Writes every figure; `pictures` are the uint8 inputs already up-sampled to the tile size.
+  """Writes every figure; `pictures` are the uint8 inputs already up-sampled to the tile size
+  from the `side`-px model input, whose pixels the figures' axes count.
 
   With matplotlib: titled figures with axis labels and colour bars in the maps' own units;
   without it, plain tiled PNGs (input, min-max normalised map, overlay) and a note saying so.
@@ -416,12 +424,12 @@ def write_figures(
       continue
     title = f"ViT block {layer}: attention of the cls token over the {k}x{k} patches"
     fig = rows_figure(
-      pictures, mean, title, "mean over heads", "cls attention probability", "patch"
+      pictures, mean, title, "mean over heads", "cls attention probability", "patch", side
     )
     write(f"attention_layer{layer}.png", fig)
     write(
       f"attention_heads_layer{layer}.png",
-      heads_figure(pictures[0], cls_rows[0], f"{title}, per head (first image)"),
+      heads_figure(pictures[0], cls_rows[0], f"{title}, per head (first image)", side),
     )
   for name, all_maps in (("vit", vit_maps), ("agent", agent_maps)):
     for layer, maps in enumerate(all_maps):
@@ -432,7 +440,7 @@ def write_figures(
       h, w = maps.shape[1:]
       model, grid = ("ViT", "patch") if name == "vit" else ("agent", "position")
       title = f"{model} block {layer}: L2 norm over channels of its output ({h}x{w})"
-      write(file, rows_figure(pictures, maps, title, "feature norm", "L2 norm", grid))
+      write(file, rows_figure(pictures, maps, title, "feature norm", "L2 norm", grid, side))
   return files
 
 
@@ -474,7 +482,7 @@ def run(
   size = config.image_size * scale
   pictures = np.stack([upsample(p, size, size) for p in denormalise(config, images)])
   tf.io.gfile.makedirs(out_dir)
-  files = write_figures(out_dir, pictures, attention, vit_maps, agent_maps)
+  files = write_figures(out_dir, pictures, attention, vit_maps, agent_maps, config.image_size)
   index = {
     "files": files,
     "step": step,
