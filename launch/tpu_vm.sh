@@ -12,6 +12,6 @@ workdir=${4:?usage: tpu_vm.sh TPU_NAME ZONE CONFIG WORKDIR [overrides...]}
 shift 4
 extra=$(printf ' %q' "$@")
 gcloud compute tpus tpu-vm ssh "$tpu" --zone="$zone" --worker=all --command="
-  cd ~/vitboot_jax && pip install -q -e '.[tpu]' &&
+  cd ~/vitboot_jax && pip install -q -e '.[tpu,tfdata]' &&
   python -m vitboot_jax.main --config='$config' --workdir='$workdir' --distributed \
     --config.compute_dtype=bfloat16 $extra"

@@ -345,6 +345,14 @@ def _main_args(workdir, root, *overrides):
   ]
 
 
+def test_tfdata_without_tensorflow_is_one_line_naming_the_extra(npz_dir, tmp_path):
+  args = [a for a in _main_args(tmp_path, npz_dir) if a != "--config.data.pipeline=device"]
+  proc = without_tensorflow.run_module("vitboot_jax.main", args, env=_env(1))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.startswith("error: config.data.pipeline='tfdata' (the default) needs")
+  assert "pip install -e '.[tfdata]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def device_run(npz_dir, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("device_run")

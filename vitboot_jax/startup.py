@@ -7,13 +7,14 @@ written before they pass.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import ml_collections
 from absl import logging
 from etils import epath
 
-from vitboot_jax import configlib, progress, quiet, workdirs
+from vitboot_jax import configlib, errors, progress, quiet, workdirs
 from vitboot_jax.data import datasets, sources
 
 
@@ -41,7 +42,25 @@ def check(
       progress.final_line(final),
     )
     return final
+  if sources.uses_tensorflow(config):
+    _check_tensorflow_installed(config)
   datasets.ensure(config, may_download=single_process)
   if sources.uses_tensorflow(config):
     quiet.import_tensorflow()  # Before JAX starts: TensorFlow must not take its GPUs.
   return None
+
+
+def _check_tensorflow_installed(config: ml_collections.ConfigDict) -> None:
+  """TensorFlow is the optional [tfdata] extra: its absence is one line naming both ways out."""
+  missing = [m for m in ("tensorflow", "tensorflow_datasets") if not importlib.util.find_spec(m)]
+  if missing:
+    why = (
+      f"config.data.name={config.data.name!r} (a tfds dataset)"
+      if config.data.name not in sources.ARRAY_SOURCES
+      else "config.data.pipeline='tfdata' (the default)"
+    )
+    raise errors.ConfigError(
+      f"{why} needs TensorFlow, which is not installed ({', '.join(missing)}): "
+      "pip install -e '.[tfdata]', or train from an image folder or .npz files with "
+      "--config.data.pipeline=device"
+    )
