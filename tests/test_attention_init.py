@@ -13,6 +13,9 @@ from flax import linen as nn
 from tests.config_files import load_config
 from vitboot_jax import sharding, trainer
 from vitboot_jax.models import attention_init as ai
+from vitboot_jax.models import attention_params
+from vitboot_jax.models import impulse_init as impulse_lib
+from vitboot_jax.models import mimetic_init as mimetic_lib
 from vitboot_jax.models import vit as vit_lib
 
 DIM, HEADS, GRID, DEPTH = 64, 4, (8, 8), 2  # 32-px images, patch 4: 8x8 tokens + cls.
@@ -100,10 +103,10 @@ def assert_same_except(old, new, changed):
 
 def test_mimetic_products_match_formula(vit_params):
   rng = jax.random.key(1)
-  params = ai.mimetic_init(vit_params, rng, num_heads=HEADS)
+  params = mimetic_lib.mimetic_init(vit_params, rng, num_heads=HEADS)
   r = DIM // HEADS
   for layer in range(DEPTH):
-    ref = ai.mimetic_layer_weights(jax.random.fold_in(rng, layer), DIM, HEADS)
+    ref = mimetic_lib.mimetic_layer_weights(jax.random.fold_in(rng, layer), DIM, HEADS)
     # W_q W_k^T per head is the best rank-r approximation of a1 * Z1 + b1 * I (§B.1).
     u, s, vt = np.linalg.svd(np.asarray(ref.a1, np.float64))
     truncated = np.einsum("hdr,hr,hre->hde", u[:, :, :r], s[:, :r], vt[:, :r])
@@ -119,7 +122,7 @@ def test_mimetic_products_match_formula(vit_params):
 
 
 def test_mimetic_qk_diagonal_dominates(vit_params):
-  params = ai.mimetic_init(vit_params, jax.random.key(1), num_heads=HEADS)
+  params = mimetic_lib.mimetic_init(vit_params, jax.random.key(1), num_heads=HEADS)
   off_mask = ~np.eye(DIM, dtype=bool)
 
   def diag_ratio(p):
@@ -148,7 +151,7 @@ def test_mimetic_qk_diagonal_dominates(vit_params):
 
 
 def test_mimetic_attention_is_self_diagonal_on_random_input(vit_params):
-  params = ai.mimetic_init(vit_params, jax.random.key(1), num_heads=HEADS)
+  params = mimetic_lib.mimetic_init(vit_params, jax.random.key(1), num_heads=HEADS)
   x = jax.random.normal(jax.random.key(2), (4, 1 + N, DIM))
   uniform = 1 / (1 + N)
   mimetic = diag_mass(ai.attention_maps(params, x, HEADS, layer=0))
@@ -162,8 +165,8 @@ def test_mimetic_attention_on_sincos_matches_spec_figures():
   # §B.2 / §D.2 test 3 shapes: d=192, 3 heads, 16x16 grid, pseudo-input LN(sincos).
   gh = gw = 16
   base = make_params(dim=192, heads=3, patch=2, depth=1)
-  params = ai.mimetic_init(base, jax.random.key(1), num_heads=3)
-  pos = ai.sincos2d(gh, gw, 192)
+  params = mimetic_lib.mimetic_init(base, jax.random.key(1), num_heads=3)
+  pos = attention_params.sincos2d(gh, gw, 192)
   content = pos + 0.5 * np.random.default_rng(0).standard_normal(pos.shape).astype(np.float32)
   nb = neighbourhood(gh, gw)
   probs = ai.attention_maps(params, pos, 3, layer=0)
@@ -178,18 +181,18 @@ def test_mimetic_attention_on_sincos_matches_spec_figures():
 
 
 def test_mimetic_leaves_everything_else_unchanged(vit_params):
-  params = ai.mimetic_init(vit_params, jax.random.key(1), num_heads=HEADS)
+  params = mimetic_lib.mimetic_init(vit_params, jax.random.key(1), num_heads=HEADS)
   assert_same_except(vit_params, params, changed=("'attn'",))
-  with_pe = ai.mimetic_init(
+  with_pe = mimetic_lib.mimetic_init(
     vit_params, jax.random.key(1), num_heads=HEADS, pos_embed="sincos", grid=GRID
   )
-  np.testing.assert_allclose(with_pe["pos_embed"][0, 1:], ai.sincos2d(*GRID, DIM))
+  np.testing.assert_allclose(with_pe["pos_embed"][0, 1:], attention_params.sincos2d(*GRID, DIM))
   np.testing.assert_array_equal(with_pe["pos_embed"][0, 0], vit_params["pos_embed"][0, 0])
 
 
 def test_attention_maps_reproduce_the_model(vit_params):
   """attention_maps @ V @ W_o must equal the real LN1 + Attention modules (catches transposes)."""
-  params = ai.mimetic_init(vit_params, jax.random.key(1), num_heads=HEADS)
+  params = mimetic_lib.mimetic_init(vit_params, jax.random.key(1), num_heads=HEADS)
   keys = jax.random.split(jax.random.key(3), 4)
   block = dict(params["block_1"])
   block["ln1"] = {
@@ -222,7 +225,7 @@ def test_attention_maps_reproduce_the_model(vit_params):
 
 
 def test_sincos2d_layout():
-  p = ai.sincos2d(3, 5, 16)
+  p = attention_params.sincos2d(3, 5, 16)
   row, col = 2, 3
   i = row * 5 + col
   bands = 1e4 ** -(np.arange(4) / 4)
@@ -235,7 +238,7 @@ def test_sincos2d_layout():
 def test_impulse_targets_are_shift_matrices():
   gh, gw, ks = 6, 7, 5
   offsets = np.array([[m, n] for m in range(-2, 3) for n in range(-2, 3)], np.int32)
-  targets = ai.impulse_targets(offsets, gh, gw)
+  targets = impulse_lib.impulse_targets(offsets, gh, gw)
   img = np.random.default_rng(0).standard_normal((gh, gw)).astype(np.float32)
   for (m, n), t in zip(offsets, targets, strict=True):
     sums = t.sum(1)
@@ -251,18 +254,18 @@ def test_impulse_targets_are_shift_matrices():
 
 def test_impulse_offsets_range_and_uniformity():
   for ks in (3, 5):
-    offsets = ai.impulse_offsets(jax.random.key(0), 20_000, ks)
+    offsets = impulse_lib.impulse_offsets(jax.random.key(0), 20_000, ks)
     assert offsets.min() == -(ks // 2) and offsets.max() == ks // 2
     counts = np.bincount((offsets[:, 0] + ks // 2) * ks + offsets[:, 1] + ks // 2, minlength=ks**2)
     expected = 20_000 / ks**2
     assert np.all(np.abs(counts - expected) < 4 * np.sqrt(expected)), counts
   with pytest.raises(ValueError, match="odd"):
-    ai.impulse_offsets(jax.random.key(0), 3, 4)
+    impulse_lib.impulse_offsets(jax.random.key(0), 3, 4)
 
 
 def fit_metrics(fit, grid):
-  maps = np.asarray(ai.impulse_maps(fit, grid))
-  targets = ai.impulse_targets(fit.offsets, *grid)
+  maps = np.asarray(impulse_lib.impulse_maps(fit, grid))
+  targets = impulse_lib.impulse_targets(fit.offsets, *grid)
   valid = targets.sum(-1) > 0
   mass = (maps * targets).sum(-1)[valid]
   accuracy = (maps.argmax(-1) == targets.argmax(-1))[valid].mean()
@@ -289,7 +292,7 @@ def fit_metrics(fit, grid):
   ],
 )
 def test_impulse_fit_matches_targets(dim, heads, grid, ks, steps, renorm, min_acc, min_mass):
-  fit = ai.fit_impulse_qk(
+  fit = impulse_lib.fit_impulse_qk(
     jax.random.key(0),
     dim=dim,
     num_heads=heads,
@@ -310,13 +313,15 @@ def test_impulse_fit_matches_targets(dim, heads, grid, ks, steps, renorm, min_ac
 
 def test_impulse_init_wiring_and_untouched_params(vit_params):
   rng = jax.random.key(5)
-  params = ai.impulse_init(vit_params, rng, num_heads=HEADS, grid=GRID, steps=FIT_STEPS)
-  fit = ai.fit_impulse_qk(rng, dim=DIM, num_heads=HEADS, grid=GRID, kernel_size=3, steps=FIT_STEPS)
-  expected = ai.impulse_maps(fit, GRID)
+  params = impulse_lib.impulse_init(vit_params, rng, num_heads=HEADS, grid=GRID, steps=FIT_STEPS)
+  fit = impulse_lib.fit_impulse_qk(
+    rng, dim=DIM, num_heads=HEADS, grid=GRID, kernel_size=3, steps=FIT_STEPS
+  )
+  expected = impulse_lib.impulse_maps(fit, GRID)
   # The model's own LN1 + Q/K on the sin-cos position rows reproduce the fitted maps, in every
   # layer (init_once shares one fit, so one set of offsets, across layers).
   pos = params["pos_embed"][0, 1:]
-  np.testing.assert_allclose(pos, ai.sincos2d(*GRID, DIM))
+  np.testing.assert_allclose(pos, attention_params.sincos2d(*GRID, DIM))
   for layer in range(DEPTH):
     probs = ai.attention_maps(params, pos, HEADS, layer)
     np.testing.assert_allclose(probs, expected, atol=1e-5)
@@ -333,7 +338,7 @@ def test_impulse_init_wiring_and_untouched_params(vit_params):
     np.testing.assert_array_equal(new["kernel"][:, 2 * DIM :], old["kernel"][:, 2 * DIM :])
     np.testing.assert_array_equal(new["bias"][2 * DIM :], old["bias"][2 * DIM :])
   np.testing.assert_array_equal(params["pos_embed"][0, 0], vit_params["pos_embed"][0, 0])
-  kept = ai.impulse_init(
+  kept = impulse_lib.impulse_init(
     vit_params, rng, num_heads=HEADS, grid=GRID, steps=FIT_STEPS, pos_embed="keep"
   )
   np.testing.assert_array_equal(kept["pos_embed"], vit_params["pos_embed"])
@@ -341,13 +346,13 @@ def test_impulse_init_wiring_and_untouched_params(vit_params):
 
 def test_impulse_init_per_layer_fits(vit_params):
   rng = jax.random.key(5)
-  params = ai.impulse_init(
+  params = impulse_lib.impulse_init(
     vit_params, rng, num_heads=HEADS, grid=GRID, steps=FIT_STEPS, init_once=False
   )
   kernels = [params[f"block_{i}"]["attn"]["qkv"]["kernel"][:, : 2 * DIM] for i in range(DEPTH)]
   assert not np.allclose(kernels[0], kernels[1])
   for layer in range(DEPTH):
-    fit = ai.fit_impulse_qk(
+    fit = impulse_lib.fit_impulse_qk(
       jax.random.fold_in(rng, layer),
       dim=DIM,
       num_heads=HEADS,
@@ -355,8 +360,8 @@ def test_impulse_init_per_layer_fits(vit_params):
       kernel_size=3,
       steps=FIT_STEPS,
     )
-    probs = ai.attention_maps(params, ai.sincos2d(*GRID, DIM), HEADS, layer)
-    np.testing.assert_allclose(probs, ai.impulse_maps(fit, GRID), atol=1e-5)
+    probs = ai.attention_maps(params, attention_params.sincos2d(*GRID, DIM), HEADS, layer)
+    np.testing.assert_allclose(probs, impulse_lib.impulse_maps(fit, GRID), atol=1e-5)
 
 
 def test_impulse_cache_memory_and_disk(monkeypatch, tmp_path):
@@ -364,10 +369,10 @@ def test_impulse_cache_memory_and_disk(monkeypatch, tmp_path):
   kwargs = dict(dim=DIM, num_heads=HEADS, grid=GRID, kernel_size=3, steps=500)
   rng = jax.random.key(123)
   start = time.perf_counter()
-  first = ai.fit_impulse_qk(rng, **kwargs)
+  first = impulse_lib.fit_impulse_qk(rng, **kwargs)
   cold = time.perf_counter() - start
   start = time.perf_counter()
-  second = ai.fit_impulse_qk(rng, **kwargs)
+  second = impulse_lib.fit_impulse_qk(rng, **kwargs)
   warm = time.perf_counter() - start
   print(f"impulse fit: cold {cold * 1e3:.1f} ms, cached {warm * 1e3:.3f} ms")
   assert second is first  # The memory cache answered.
@@ -375,22 +380,22 @@ def test_impulse_cache_memory_and_disk(monkeypatch, tmp_path):
   assert len(files) == 1 and files[0].suffix == ".npz"  # No temporary files left behind.
 
   # A new process (empty memory cache) reads the npz instead of refitting.
-  ai.clear_memory_cache()
+  impulse_lib.clear_memory_cache()
 
   def no_fit(*args, **kw):
     raise AssertionError("refitted despite the on-disk cache")
 
   with monkeypatch.context() as m:
-    m.setattr(ai, "_fit_qk", no_fit)
-    from_disk = ai.fit_impulse_qk(rng, **kwargs)
+    m.setattr(impulse_lib, "_fit_qk", no_fit)
+    from_disk = impulse_lib.fit_impulse_qk(rng, **kwargs)
   for a, b in zip(first, from_disk, strict=True):
     np.testing.assert_array_equal(a, b)
 
   # Other seeds or settings are other entries; a corrupt file is ignored and rewritten.
-  assert not np.array_equal(ai.fit_impulse_qk(jax.random.key(124), **kwargs).q, first.q)
+  assert not np.array_equal(impulse_lib.fit_impulse_qk(jax.random.key(124), **kwargs).q, first.q)
   files[0].write_bytes(b"not an npz")
-  ai.clear_memory_cache()
-  refit = ai.fit_impulse_qk(rng, **kwargs)
+  impulse_lib.clear_memory_cache()
+  refit = impulse_lib.fit_impulse_qk(rng, **kwargs)
   np.testing.assert_allclose(refit.q, first.q, atol=1e-6)
   np.testing.assert_array_equal(refit.offsets, first.offsets)
   assert np.load(files[0])["q"].shape == first.q.shape
@@ -399,10 +404,10 @@ def test_impulse_cache_memory_and_disk(monkeypatch, tmp_path):
 def test_apply_init_dispatch(vit_params):
   rng = jax.random.key(5)
   mimetic = ai.apply_init("mimetic", vit_params, rng, num_heads=HEADS, grid=GRID)
-  direct = ai.mimetic_init(vit_params, rng, num_heads=HEADS)
+  direct = mimetic_lib.mimetic_init(vit_params, rng, num_heads=HEADS)
   jax.tree.map(np.testing.assert_array_equal, mimetic, direct)
   imp3 = ai.apply_init("impulse3", vit_params, rng, num_heads=HEADS, grid=GRID, steps=FIT_STEPS)
-  direct = ai.impulse_init(vit_params, rng, num_heads=HEADS, grid=GRID, steps=FIT_STEPS)
+  direct = impulse_lib.impulse_init(vit_params, rng, num_heads=HEADS, grid=GRID, steps=FIT_STEPS)
   jax.tree.map(np.testing.assert_array_equal, imp3, direct)
   imp5 = ai.apply_init("impulse5", vit_params, rng, num_heads=HEADS, grid=GRID, steps=FIT_STEPS)
   assert not np.allclose(

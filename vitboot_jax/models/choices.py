@@ -4,6 +4,7 @@ module imports nothing), and the modules that implement them name them in their 
 AGENT_STEMS = ("res_like", "patch", "small", "small_full")  # agent.py
 TAPS = ("official", "centered")  # agent.py: where the CONV's heads read.
 INITS = ("official", "standard")  # agent.py, vit.py
-# ViT only: the standard scheme, then the attention rewritten on the host (attention_init.py).
+# ViT only: the standard scheme, then the attention rewritten on the host (attention_init.py,
+# applied by build.ModelSet.init_on_host).
 ATTENTION_INITS = ("mimetic", "impulse3", "impulse5")
 KERNELS = ("auto", "xla", "cpu")  # kernels.py
