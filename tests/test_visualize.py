@@ -16,13 +16,13 @@ import tensorflow as tf
 from tests import tiny_config
 from vitboot_jax import errors, kernel_sets
 from vitboot_jax.models import common
-from vitboot_jax.tools import visualize
+from vitboot_jax.tools import figures, visualize
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAYERS = 2  # vit_tiny's depth.
 HEADS = 9
-TILE = 128  # 32-px images up-sampled x4 to visualize.MIN_TILE.
-PAD = visualize.PAD
+TILE = 128  # 32-px images up-sampled x4 to figures.MIN_TILE.
+PAD = figures.PAD
 
 
 def _grid_shape(rows, cols, size=TILE, pad=PAD):
@@ -31,9 +31,9 @@ def _grid_shape(rows, cols, size=TILE, pad=PAD):
 
 def _figure_shape(rows, cols):
   """(height, width) of a figure of rows x cols panels: matplotlib's, or the plain tiles'."""
-  if visualize._matplotlib() is None:
+  if figures._matplotlib() is None:
     return _grid_shape(rows, cols)[:2]
-  return visualize.figure_pixels(rows, cols)
+  return figures.figure_pixels(rows, cols)
 
 
 @pytest.fixture(scope="module")
@@ -110,33 +110,33 @@ def trained_run(image_folder, tmp_path_factory):
 
 
 def test_colourise_maps_min_and_max_to_the_table_ends():
-  image = visualize.colourise(np.array([[0.0, 1.0], [2.0, 4.0]]))
+  image = figures.colourise(np.array([[0.0, 1.0], [2.0, 4.0]]))
   assert image.shape == (2, 2, 3) and image.dtype == np.uint8
   np.testing.assert_array_equal(image[0, 0], [68, 1, 84])
   np.testing.assert_array_equal(image[1, 1], [253, 231, 37])
   # A constant or NaN map is one colour, not a crash.
-  assert len(np.unique(visualize.colourise(np.full((3, 3), 5.0)).reshape(-1, 3), axis=0)) == 1
-  assert visualize.colourise(np.array([[np.nan, 1.0]])).dtype == np.uint8
+  assert len(np.unique(figures.colourise(np.full((3, 3), 5.0)).reshape(-1, 3), axis=0)) == 1
+  assert figures.colourise(np.array([[np.nan, 1.0]])).dtype == np.uint8
   with pytest.raises(ValueError, match="2-D"):
-    visualize.colourise(np.zeros((2, 2, 2)))
+    figures.colourise(np.zeros((2, 2, 2)))
 
 
 def test_tile_and_upsample_shapes():
   ims = [np.full((4, 6, 3), i, np.uint8) for i in range(5)]
-  grid = visualize.tile(ims, cols=2, pad=1)
+  grid = figures.tile(ims, cols=2, pad=1)
   assert grid.shape == (3 * 5 + 1, 2 * 7 + 1, 3)
   np.testing.assert_array_equal(grid[1:5, 8:14], 1)  # Second tile of the first row.
   assert grid[0, 0, 0] == 255 and grid[-2, -2, 0] == 255  # Frame and the empty sixth slot.
   with pytest.raises(ValueError, match="one shape"):
-    visualize.tile([np.zeros((2, 2, 3), np.uint8), np.zeros((3, 2, 3), np.uint8)], cols=2)
-  up = visualize.upsample(np.arange(4).reshape(2, 2), 4, 6)
+    figures.tile([np.zeros((2, 2, 3), np.uint8), np.zeros((3, 2, 3), np.uint8)], cols=2)
+  up = figures.upsample(np.arange(4).reshape(2, 2), 4, 6)
   np.testing.assert_array_equal(up[:2, :3], 0)
   np.testing.assert_array_equal(up[2:, 3:], 3)
 
 
 def test_save_png_round_trips(tmp_path):
   image = np.random.default_rng(0).integers(0, 256, (5, 7, 3)).astype(np.uint8)
-  visualize.save_png(tmp_path / "x.png", image)
+  figures.save_png(tmp_path / "x.png", image)
   np.testing.assert_array_equal(_decode(tmp_path / "x.png"), image)
 
 
@@ -157,7 +157,7 @@ def test_fresh_init_writes_every_figure(fresh):
     image = _decode(out / name)[..., :3]
     if name.startswith("attention_heads"):
       # Input + 9 heads in rows of HEAD_COLUMNS.
-      assert image.shape[:2] == _figure_shape(2, visualize.HEAD_COLUMNS), name
+      assert image.shape[:2] == _figure_shape(2, figures.HEAD_COLUMNS), name
     else:
       assert image.shape[:2] == _figure_shape(2, 3), name  # 2 images x (input, map, overlay).
     assert len(np.unique(image.reshape(-1, 3), axis=0)) > 10, name  # Not blank.
@@ -168,7 +168,7 @@ def test_figures_have_titles_axis_labels_and_colour_bars():
   rng = np.random.default_rng(0)
   pictures = rng.integers(0, 256, (2, 16, 16, 3)).astype(np.uint8)
   maps = rng.random((2, 4, 4))
-  fig = visualize.rows_figure(
+  fig = figures.rows_figure(
     pictures, maps, "block 0", "mean over heads", "probability", "patch", side=8
   )
   assert fig.get_suptitle() == "block 0"
@@ -183,22 +183,22 @@ def test_figures_have_titles_axis_labels_and_colour_bars():
   ]
   # Up-sampled tiles, axes in the model input's pixels (an 8-px input shown at 16 px).
   assert panels[0].get_xlim() == (0.0, 8.0) and panels[2].get_xlim() == (0.0, 8.0)
-  heads = visualize.heads_figure(pictures[0], rng.random((9, 4, 4)), "heads", side=8)
+  heads = figures.heads_figure(pictures[0], rng.random((9, 4, 4)), "heads", side=8)
   assert heads.get_suptitle() == "heads"
   assert [ax.get_label() for ax in heads.axes].count("<colorbar>") == 1  # One shared scale.
   assert [ax.get_title() for ax in heads.axes[1:10]] == [f"head {h}" for h in range(9)]
 
 
 def test_without_matplotlib_the_figures_are_plain_tiles(tmp_path, monkeypatch, capsys):
-  monkeypatch.setattr(visualize, "_matplotlib", lambda: None)
+  monkeypatch.setattr(figures, "_matplotlib", lambda: None)
   rng = np.random.default_rng(0)
   pictures = rng.integers(0, 256, (2, TILE, TILE, 3)).astype(np.uint8)
   attention = [rng.random((2, HEADS, 17, 17))]
   vit_maps = [rng.random((2, 4, 4))]
-  files = visualize.write_figures(str(tmp_path), pictures, attention, vit_maps, [], side=32)
+  files = figures.write_figures(str(tmp_path), pictures, attention, vit_maps, [], side=32)
   assert files == ["attention_layer0.png", "attention_heads_layer0.png", "features_vit_layer0.png"]
   assert _decode(tmp_path / files[0]).shape == _grid_shape(2, 3)
-  assert _decode(tmp_path / files[1]).shape == _grid_shape(2, visualize.HEAD_COLUMNS)
+  assert _decode(tmp_path / files[1]).shape == _grid_shape(2, figures.HEAD_COLUMNS)
   note = capsys.readouterr().err.strip().splitlines()
   assert len(note) == 1 and "matplotlib is not installed" in note[0]
 
