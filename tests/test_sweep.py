@@ -13,7 +13,7 @@ import pytest
 
 from tests.config_files import load_config
 from vitboot_jax import configlib, paper_results
-from vitboot_jax.tools import sweep
+from vitboot_jax.tools import sweep, sweep_runs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -212,7 +212,7 @@ def test_a_run_stopped_by_a_signal_stops_the_sweep(tmp_path, monkeypatch):
     started.append((row.name, seed))
     return ["python", "-c", "import sys; sys.exit(143)"]
 
-  monkeypatch.setattr(sweep, "command", stopped_run)
+  monkeypatch.setattr(sweep_runs, "command", stopped_run)
   with pytest.raises(sweep.Stopped, match="SIGTERM") as stop:
     sweep.run_missing(table, s, table.rows[:2])
   assert stop.value.exit_code == 143 and started == [("vit", 0)]

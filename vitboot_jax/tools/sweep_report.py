@@ -1,0 +1,213 @@
+"""Reading a sweep's results into its table and figures: per row and model the paper's top-1
+and the mean and spread of ours over the finished seeds (ROOT/table.md, ROOT/table.json), and the
+first seed's curves (ROOT/curves.png, tools/plot.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import shlex
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from etils import epath
+
+from vitboot_jax import paper_results, progress
+from vitboot_jax.tools.sweep_runs import REPO, Settings, absolute, command, row_config, workdir
+from vitboot_jax.tools.sweep_tables import MODEL_LABELS, Table, paper_top1, runs
+
+TABLE_MD = "table.md"
+TABLE_JSON = "table.json"
+CURVES = "curves.png"
+
+
+def _read_json(path: epath.Path) -> dict[str, Any] | None:
+  try:
+    return json.loads(path.read_text())
+  except (FileNotFoundError, json.JSONDecodeError):
+    return None
+
+
+def spread(values: Sequence[float]) -> dict[str, Any] | None:
+  """Mean, sample std (None for one value), min, max and n; None without values."""
+  if not values:
+    return None
+  values = [float(v) for v in values]
+  return {
+    "mean": statistics.fmean(values),
+    "std": statistics.stdev(values) if len(values) > 1 else None,
+    "min": min(values),
+    "max": max(values),
+    "n": len(values),
+    "values": values,
+  }
+
+
+def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
+  """Per row: status, the statistics of the finished seeds' final.json (top-1 in %), the
+  paper's top-1 and the commands."""
+  out = []
+  for row in table.rows:
+    finals, started = {}, []
+    for seed in s.seeds:
+      wd = absolute(workdir(s, row, seed))
+      final = _read_json(wd / "final.json")
+      if final is not None:
+        finals[seed] = final
+      elif wd.exists():
+        started.append(seed)
+    if len(finals) == len(s.seeds):
+      status = "done"
+    elif finals:
+      status = f"partial ({len(finals)}/{len(s.seeds)} seeds)"
+    else:
+      status = "incomplete" if started else "not run"
+    run_epochs = sorted({float(f["epochs"]) for f in finals.values() if "epochs" in f})
+    entry = {
+      "name": row.name,
+      "note": row.note,
+      "run": row.run_name,
+      "config": row_config(s, row),
+      "overrides": list(row.overrides),
+      "models": list(row.models),
+      "status": status,
+      "seeds_done": sorted(finals),
+      "seeds_incomplete": started,
+      "epochs": run_epochs,
+      "epochs_match": s.epochs is None or all(math.isclose(e, s.epochs) for e in run_epochs),
+      "train_seconds": sum(float(f.get("train_seconds_this_run", 0.0)) for f in finals.values()),
+      # final.json times only the last run of a workdir, so a resumed seed's time is too short.
+      "seeds_resumed": sorted(k for k, f in finals.items() if f.get("resumed_from_step", 0) > 0),
+      "paper_top1": {m: paper_top1(table, row, m) for m in row.models},
+      "top1": {
+        m: spread([100.0 * f[f"top1_{m}"] for f in finals.values() if f"top1_{m}" in f])
+        for m in row.models
+      },
+      "commands": [shlex.join(command(table, s, row, seed)) for seed in s.seeds],
+    }
+    out.append(entry)
+  return out
+
+
+def commit() -> str | None:
+  """HEAD of the repository (read-only), or None outside a git checkout."""
+  try:
+    result = subprocess.run(
+      ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    )
+  except (OSError, subprocess.CalledProcessError):
+    return None
+  return result.stdout.strip() or None
+
+
+def build_report(table: Table, s: Settings) -> dict[str, Any]:
+  """The content of table.json: the rows' statistics and the sweep's settings."""
+  entries = aggregate(table, s)
+  train_seconds = sum(e["train_seconds"] for e in {e["run"]: e for e in entries}.values())
+  return {
+    "table": table.name,
+    "title": table.title,
+    "paper_source": paper_results.TABLES[table.paper].source if table.paper else None,
+    "note_header": table.note_header,
+    "root": s.root,
+    "epochs": s.epochs,
+    "seeds": list(s.seeds),
+    "data_dir": s.data_dir,
+    "table_overrides": list(table.overrides),
+    "extra_overrides": list(s.extra),
+    "commit": commit(),
+    "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    "train_seconds": train_seconds,
+    "rows": entries,
+    "curves": None,
+  }
+
+
+def _format_top1(stats: dict[str, Any] | None, seeds: int) -> str:
+  if stats is None:
+    return "not run"
+  if stats["std"] is None:
+    return f"{stats['mean']:.2f}" + (" (1 seed)" if seeds > 1 else "")
+  return f"{stats['mean']:.2f} ± {stats['std']:.2f} [{stats['min']:.2f}, {stats['max']:.2f}]"
+
+
+def table_markdown(report: dict[str, Any]) -> str:
+  """The table of `report` (as written to table.json) in Markdown: a line per row and model."""
+  epochs = "the configs' epochs" if report["epochs"] is None else f"epochs {report['epochs']:g}"
+  lines = [f"# {report['title']}", ""]
+  paper_header = " paper top-1 |" if report["paper_source"] else ""
+  if report["paper_source"]:
+    lines += [f"Paper top-1: {report['paper_source']} (vitboot_jax/paper_results.py).", ""]
+  lines += [
+    f"Ours: {epochs}, seeds {report['seeds']}; final-epoch top-1 (%) on the test set, "
+    "mean ± sample std [min, max] over the finished seeds. Training time: sum over seeds.",
+    "",
+    f"| row | model | {report['note_header']} |{paper_header} ours top-1 | status | seeds "
+    "| epochs | train time | config |",
+    "|---|---|---|---|---|---|---|---|---|" + ("---|" if paper_header else ""),
+  ]
+  for r in report["rows"]:
+    epochs = ", ".join(f"{e:.3g}" for e in r["epochs"]) + ("" if r["epochs_match"] else " (!)")
+    duration = progress.duration(r["train_seconds"]) + (" (*)" if r["seeds_resumed"] else "")
+    config = " ".join([r["config"].removeprefix("configs/"), *r["overrides"]])
+    for model in r["models"]:
+      paper = r["paper_top1"][model]
+      lines.append(
+        f"| {r['name']} | {MODEL_LABELS[model]} | {r['note']} "
+        + (f"| {'—' if paper is None else f'{paper:.2f}'} " if paper_header else "")
+        + f"| {_format_top1(r['top1'][model], len(report['seeds']))} | {r['status']} "
+        f"| {','.join(map(str, r['seeds_done'])) or '—'} | {epochs or '—'} "
+        f"| {duration if r['seeds_done'] else '—'} | `{config}` |"
+      )
+  lines += [
+    "",
+    f"Total training time {progress.duration(report['train_seconds'])}; commit "
+    f"`{report['commit'] or 'unknown'}`; generated {report['generated']}.",
+  ]
+  if report["data_dir"]:
+    lines.append(f"Data: the image folder `{report['data_dir']}`.")
+  flags_of_all = report["table_overrides"] + report["extra_overrides"]
+  if flags_of_all:
+    lines.append(f"Flags of every run: `{' '.join(flags_of_all)}`.")
+  if any(r["seeds_resumed"] for r in report["rows"]):
+    lines.append(
+      "(*) a seed of this row resumed from a checkpoint: its time counts only the steps after it."
+    )
+  if not all(r["epochs_match"] for r in report["rows"]):
+    lines.append(f"(!) a finished run of this row trained other than {report['epochs']:g} epochs.")
+  if report.get("curves"):
+    lines += ["", f"![curves of seed {report['seeds'][0]}]({CURVES})"]
+  return "\n".join(lines) + "\n"
+
+
+def plot_curves(table: Table, s: Settings, seed: int) -> epath.Path | None:
+  """ROOT/curves.png over the runs of `seed` that have logged; None if none."""
+  found = [(row.name, absolute(workdir(s, row, seed))) for row in runs(table.rows)]
+  found = [(name, wd) for name, wd in found if (wd / "metrics.jsonl").exists()]
+  if not found:
+    return None
+  from vitboot_jax.tools import plot
+
+  try:
+    return plot.plot_runs(
+      [wd for _, wd in found],
+      absolute(epath.Path(s.root)) / CURVES,
+      labels=[name for name, _ in found],
+      title=f"{table.title}, seed {seed}",
+    )
+  except ModuleNotFoundError as error:
+    if error.name != "matplotlib":
+      raise
+    print(f"warning: no {CURVES}: {error}", file=sys.stderr)
+    return None
+
+
+def write_report(root: epath.Path, report: dict[str, Any]) -> None:
+  root.mkdir(parents=True, exist_ok=True)
+  (root / TABLE_JSON).write_text(json.dumps(report, indent=2) + "\n")
+  (root / TABLE_MD).write_text(table_markdown(report))

@@ -1,0 +1,295 @@
+"""What a sweep table is, and the tables' data: rows of config files with their args, the
+models whose final top-1 each reports and the paper's top-1 of each (vitboot_jax/paper_results.py).
+tools/sweep.py describes every table; sweep_runs.py runs their rows, sweep_report.py reads the
+results into tables and figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from vitboot_jax import paper_results
+
+DRLOC_LAMBDA = 0.1
+
+# Which recipe a paper row runs (the report's "recipe" column).
+CODE = "authors' code"  # The authors' config and code, which made the published numbers.
+ALIGN = "paper Alg. 1 (Align)"  # Shared with the paper's Align; absent from the authors' code.
+PAPER_B = "paper: ViT-B + entmax"  # Table 1's label and parameter count for ViT-B-Sparse.
+SHIPPED_S = "authors' yaml: ViT-S shape"  # vit-base-entmax.yaml == vit-small-entmax.yaml.
+ABLATION = "authors' code + Table 4 switch"  # No shipped config: one loss switch of Ours-Joint S.
+# The paper gives no fine-tuning recipe; the authors' single-model worker runs the ViT recipe.
+FINE_TUNE = "ours: authors' ViT recipe from imported weights"
+
+MODEL_LABELS = paper_results.MODEL_LABELS
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One row: a config file with its args (+ flags), and whose final top-1 it reports."""
+
+  name: str  # The paper's row label (its published top-1 is looked up by it) or ours.
+  config: str  # "configs/<file>.py:<args>", relative to the repository root.
+  models: tuple[str, ...] = ("vit",)  # "vit", "agent" or "cnn": the final top-1s reported.
+  note: str = CODE  # Paper rows: the recipe; replication rows: what the row is.
+  overrides: tuple[str, ...] = ()  # Extra --config.* flags of this row.
+  run: str | None = None  # Workdir prefix; None: named after the config.
+
+  @property
+  def run_name(self) -> str:
+    if self.run:
+      return self.run
+    stem = self.config.split("/")[-1].replace(".py:", "_").removesuffix(".py")
+    return stem.replace(",", "_").replace("=", "-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+  name: str
+  title: str
+  rows: tuple[Row, ...]
+  paper: str | None = None  # Key of paper_results.TABLES; None: no published numbers.
+  note_header: str = "recipe"
+  seeds: tuple[int, ...] = (0,)  # Default --seeds.
+  epochs: int | None = None  # Default --epochs, appended to every row's args; None: the config's.
+  data_folder: bool = False  # Pass the image folder --data_dir to every run.
+  overrides: tuple[str, ...] = ()  # Flags of every run of this table.
+  root: str = ""  # Default --root.
+
+
+def _cifar_rows(dataset: str) -> tuple[Row, ...]:
+  def config(size: str, args: str) -> str:
+    return f"configs/{size}_{dataset}.py:{args}"
+
+  pair = ("agent", "vit")
+  rows = [
+    Row("Agent-S", config("vits", "mode=agent"), ("agent",)),
+    Row("Agent-B", config("vitb", "mode=agent"), ("agent",)),
+    Row("ViT-S", config("vits", "mode=vit")),
+    Row("ViT-B", config("vitb", "mode=vit")),
+    Row("Ours-Joint S", config("vits", "mode=joint"), pair),
+    Row("Ours-Joint B", config("vitb", "mode=joint"), pair),
+  ]
+  for size in ("S", "B"):
+    rows += [
+      Row(f"Ours-Shared {size}", config(f"vit{size.lower()}", "mode=shared,align=none"), pair),
+      Row(
+        f"Ours-Shared {size}", config(f"vit{size.lower()}", "mode=shared,align=pcgrad"), pair, ALIGN
+      ),
+    ]
+  rows += [
+    Row("ViT-S-SAM", config("vits", "mode=vit,sam=1")),
+    Row("ViT-S-Sparse", config("vits", "mode=vit,attention=entmax")),
+    Row("ViT-B-SAM", config("vitb", "mode=vit,sam=1")),
+    Row("ViT-B-Sparse", config("vitb", "mode=vit,attention=entmax"), note=PAPER_B),
+    # The authors' ViT-B-Sparse config is their ViT-S-Sparse one: the same run as ViT-S-Sparse.
+    Row("ViT-B-Sparse", config("vits", "mode=vit,attention=entmax"), note=SHIPPED_S),
+    Row("ResNet50", f"configs/cnn_baselines.py:model=resnet50,dataset={dataset}", ("cnn",)),
+    Row(
+      "EfficientNet-B2",
+      f"configs/cnn_baselines.py:model=efficientnet_b2,dataset={dataset}",
+      ("cnn",),
+    ),
+    # Fine-tuned from ImageNet-1k weights (the ViT-B row from DeiT-S's; see the config).
+    Row(
+      "Pre-trained ViT-S",
+      f"configs/pretrained_cifar.py:dataset={dataset},vit=vit_s",
+      note=FINE_TUNE,
+    ),
+    Row(
+      "Pre-trained ViT-B",
+      f"configs/pretrained_cifar.py:dataset={dataset},vit=vit_b",
+      note=FINE_TUNE,
+    ),
+  ]
+  return tuple(rows)
+
+
+def _imagenet_rows() -> tuple[Row, ...]:
+  spec = [
+    ("Agent-B", "vitb", "mode=agent", "agent", CODE),
+    ("ViT-B", "vitb", "mode=vit", "vit", CODE),
+    ("Ours-Joint", "vitb", "mode=joint", "vit", CODE),
+    ("Ours-Shared", "vitb", "mode=shared,align=none", "vit", CODE),
+    ("Ours-Shared", "vitb", "mode=shared,align=pcgrad", "vit", ALIGN),
+    ("ViT-B-SAM", "vitb", "mode=vit,sam=1", "vit", CODE),
+    ("ViT-B-Sparse", "vitb", "mode=vit,attention=entmax", "vit", PAPER_B),
+    ("ViT-B-Sparse", "vits", "mode=vit,attention=entmax", "vit", SHIPPED_S),
+  ]
+  subsets = (0.05, 0.1, 0.5)
+  rows = [
+    Row(f"{name} {round(s * 100)}%", f"configs/{size}_imagenet.py:subset={s},{args}", (m,), note)
+    for name, size, args, m, note in spec
+    for s in subsets
+  ]
+  rows += [
+    Row(
+      f"ResNet50 {round(s * 100)}%",
+      f"configs/cnn_baselines.py:model=resnet50,dataset=imagenet,subset={s}",
+      ("cnn",),
+    )
+    for s in subsets
+  ]
+  return tuple(rows)
+
+
+def _ablation_rows() -> tuple[Row, ...]:
+  # Table 4 (loss terms of Ours-Joint ViT-S on CIFAR-100; AP-2D sits under "Feat Only") and
+  # Table 5 (the ViT-like "base" agent stem).
+  config = "configs/vits_cifar100.py:"
+  return (
+    Row("T4 Baseline (ViT-S)", config + "mode=vit"),
+    Row("T4 KD Only", config + "mode=joint,feature=0", note=ABLATION),
+    Row("T4 Feat Only, No Decay", config + "mode=joint,kd=0,decay=none", note=ABLATION),
+    Row("T4 Feat Only", config + "mode=joint,kd=0", note=ABLATION),
+    Row("T4 Feat Only, AP-2D", config + "mode=joint,kd=0,adapt=pool2d", note=ABLATION),
+    Row("T4 Both, No Decay", config + "mode=joint,decay=none", note=ABLATION),
+    Row("T4 Both (Ours-Joint S)", config + "mode=joint"),
+    Row("T5 Agent-S base", config + "mode=agent,agent=base", ("agent",)),
+    Row("T5 Joint base", config + "mode=joint,agent=base", ("vit", "agent")),
+  )
+
+
+def _replication_rows(config: str, names: Sequence[str] | None = None) -> tuple[Row, ...]:
+  """The CPU replication's rows on `config`; each row's name is its workdir prefix."""
+
+  def row(name: str, args: str, note: str, models: tuple[str, ...] = ("vit", "agent")) -> Row:
+    return Row(name, f"{config}:{args}", models, note, run=name)
+
+  drloc = f"{DRLOC_LAMBDA:g}"
+  rows = (
+    row("vit", "mode=vit", "ViT alone", ("vit",)),
+    row("agent", "mode=agent", "agent alone", ("agent",)),
+    row("joint", "mode=joint", "joint (ViT + agent, separate weights)"),
+    row("shared_align", "mode=shared,align=pcgrad", "shared with Align (PCGrad)"),
+    row(
+      "shared_noalign",
+      "mode=shared,align=none",
+      "shared without Align (official: summed gradients)",
+    ),
+    row("vit_drloc", f"mode=vit,drloc={drloc}", f"ViT + DrLoc (lambda {drloc})", ("vit",)),
+    row("vit_impulse", "mode=vit,init=impulse3", "ViT, impulse init (3x3)", ("vit",)),
+    row("vit_mimetic", "mode=vit,init=mimetic", "ViT, mimetic init", ("vit",)),
+    row(
+      "shared_drloc",
+      f"mode=shared,align=pcgrad,drloc={drloc}",
+      f"shared with Align + DrLoc on the ViT (lambda {drloc})",
+    ),
+    # Table 4's loss ablation in joint mode ("both" is the joint row).
+    row("joint_kd_only", "mode=joint,feature=0", "joint, KD only (no feature term)"),
+    row("joint_feature_only", "mode=joint,kd=0", "joint, feature term only (no KD)"),
+    row(
+      "joint_no_decay",
+      "mode=joint,decay=none",
+      "joint, both terms, constant feature weight (No Decay)",
+    ),
+  )
+  return tuple(r for r in rows if names is None or r.name in names)
+
+
+_REPLICATION = dict(
+  note_header="description",
+  seeds=(0, 1),
+  epochs=10,
+  data_folder=True,
+  overrides=("--config.eval_every_epochs=1",),  # Curves per epoch (the quickstart: every 3rd).
+)
+_TABLES = (
+  Table("cifar10", "Table 1, CIFAR-10", _cifar_rows("cifar10"), "cifar10", root="workdirs/cifar10"),
+  Table(
+    "cifar100", "Table 1, CIFAR-100", _cifar_rows("cifar100"), "cifar100", root="workdirs/cifar100"
+  ),
+  Table("imagenet", "Table 3, ImageNet-1k", _imagenet_rows(), "imagenet", root="workdirs/imagenet"),
+  Table(
+    "ablation", "Tables 4-5, CIFAR-100", _ablation_rows(), "ablation", root="workdirs/ablation"
+  ),
+  Table(
+    "replication",
+    "CPU-scale replication (quickstart ViT + agent, CIFAR-10 10%, 32 px, 8x8 tokens)",
+    _replication_rows("configs/quickstart.py"),
+    root="workdirs/cpu_replication",
+    **_REPLICATION,
+  ),
+  Table(
+    "replication_tokens16",
+    "CPU-scale replication at 16x16 tokens (CIFAR-10 10%, 32 px, patch 2)",
+    _replication_rows(
+      "configs/cifar10_tokens16.py",
+      ("vit", "agent", "joint", "shared_align", "shared_noalign")
+      + ("joint_kd_only", "joint_feature_only", "joint_no_decay"),
+    ),
+    root="workdirs/cpu_replication_tokens16",
+    **_REPLICATION,
+  ),
+)
+_TABLES += (
+  Table(
+    "replication_224",
+    "The paper's ViT-S and Agent-S at 224 px, official recipe, CIFAR-10 10% (third rung)",
+    _replication_rows(
+      "configs/vits_cifar10.py", ("vit", "agent", "joint", "shared_align", "shared_noalign")
+    ),
+    note_header="description",
+    root="workdirs/rung3_224",
+    # The data (an .npz of the 10% subset) and the epochs come from launch/rung3_224.sh.
+    overrides=("--config.data.pipeline=device",),
+  ),
+)
+TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
+PAPER_TABLES = tuple(t.name for t in _TABLES if t.paper)
+
+
+def rows(table: str) -> tuple[Row, ...]:
+  return TABLES[table].rows
+
+
+def paper_top1(table: Table, row: Row, model: str) -> float | None:
+  return paper_results.top1(table.paper, row.name, model) if table.paper else None
+
+
+def select_rows(table: Table, names: Sequence[str] | None) -> list[Row]:
+  """The rows named (by row name or run name; all when empty), in table order."""
+  if not names:
+    return list(table.rows)
+  known = {r.name for r in table.rows} | {r.run_name for r in table.rows}
+  unknown = sorted(set(names) - known)
+  if unknown:
+    choices = list(dict.fromkeys(r.run_name for r in table.rows))
+    raise ValueError(f"unknown rows {unknown} of table {table.name}; choose from {choices}")
+  return [r for r in table.rows if r.name in names or r.run_name in names]
+
+
+def runs(selected: Sequence[Row]) -> list[Row]:
+  """The first row of each run (rows with one run name train once)."""
+  first = {}
+  for row in selected:
+    first.setdefault(row.run_name, row)
+  return list(first.values())
+
+
+def rows_markdown(table: Table, *also: str) -> str:
+  """The README's view of a paper table: per row the published top-1 (of `table.paper` and of
+  the paper tables `also`, matched by row name), the `--config=` it runs and its recipe."""
+  papers = (table.paper, *also)
+  header = ["paper row", *(f"{paper_results.TABLES[p].column} (paper)" for p in papers)]
+  lines = ["| " + " | ".join([*header, "`--config=`", "recipe"]) + " |"]
+  lines.append("|" + "---|" * (len(header) + 2))
+  for row in table.rows:
+    cells = []
+    for paper in papers:
+      found = [(m, paper_results.top1(paper, row.name, m)) for m in row.models]
+      found = [(m, v) for m, v in found if v is not None]
+      named = len(row.models) > 1
+      cells.append(
+        ", ".join(f"{MODEL_LABELS[m]} {v:.2f}" if named else f"{v:.2f}" for m, v in found)
+      )
+    lines.append("| " + " | ".join([row.name, *cells, f"`{row.config}`", row.note]) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def describe(table: Table, row: Row) -> str:
+  """'# name (note): paper top-1 ...' above a row's command."""
+  paper = [(m, paper_top1(table, row, m)) for m in row.models]
+  published = ", ".join(f"{MODEL_LABELS[m]} {p:.2f}" for m, p in paper if p is not None)
+  return f"# {row.name} ({row.note})" + (f": paper top-1 {published}" if published else "")
