@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import linen as nn
 
+from vitboot_jax import losses
 from vitboot_jax.models import attention_init
 from vitboot_jax.models import drloc_head as drloc_lib
 from vitboot_jax.models.agent import Agent
@@ -91,6 +92,9 @@ class ModelSet:
   modules: dict[str, nn.Module]
   drloc: dict[str, DrLocSetting] = dataclasses.field(default_factory=dict)
   kernels: Kernels = XLA
+  # ViT layers whose tokens a learnable linear map takes before the hint (a variant; none: the
+  # official recipe), params["hint_vit"]["layer_<l>"], initialised to the identity.
+  hint_projectors: tuple[int, ...] = ()
 
   @property
   def names(self) -> tuple[str, ...]:
@@ -134,7 +138,21 @@ class ModelSet:
       params[f"drloc_{name}"] = drloc_lib.init_head(
         setting.head, jax.random.fold_in(rngs[name], 1), width
       )
+    if self.hint_projectors:
+      width = self.modules["vit"].embed_dim
+      params["hint_vit"] = {
+        f"layer_{layer}": {
+          "kernel": jnp.eye(width, dtype=jnp.float32),
+          "bias": jnp.zeros((width,), jnp.float32),
+        }
+        for layer in self.hint_projectors
+      }
     return {"params": params, "batch_stats": batch_stats}
+
+  def loss_params(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters model `name`'s loss reads beside its outputs: its DrLoc head
+    ("drloc_<name>") and hint projector ("hint_<name>"), where present."""
+    return {k: params[k] for k in (f"drloc_{name}", f"hint_{name}") if k in params}
 
   def apply(
     self,
@@ -220,6 +238,13 @@ def build_models(config: ml_collections.ConfigDict, kernels: Kernels) -> ModelSe
     modules["agent"] = build_agent(config, shared=mode == "shared", dtype=dtype, kernels=kernels)
   if mode == "cnn":
     modules["cnn"] = build_cnn(config, dtype, kernels)
+  projectors = ()
+  if "vit" in modules and "agent" in modules and config.loss.get("feature_projector") == "linear":
+    projectors = losses.hinted_layers(config.model.depth, config.loss.get("feature_layers", 0))
   return ModelSet(
-    mode=mode, modules=modules, drloc=_drloc_settings(config, modules), kernels=kernels
+    mode=mode,
+    modules=modules,
+    drloc=_drloc_settings(config, modules),
+    kernels=kernels,
+    hint_projectors=projectors,
   )
