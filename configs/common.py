@@ -48,6 +48,15 @@ SWITCHES = dict(
   feature=None,
   decay="epoch",
   adapt="seq1d",
+  # Variants of the feature (hint) term and the agent's start: the mechanism study (README).
+  form="official",
+  layers=0,
+  projector="none",
+  balance=0.0,
+  until=1.0,
+  gate=0.0,
+  teacher="",
+  frozen=False,
 )
 
 
@@ -85,6 +94,15 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   (shared: the authors' code | the paper's Algorithm 1), and Table 4's loss ablations: kd=W (both
   KD weights; kd=0 is "Feat Only"), feature=W (feature=0 is "KD Only"), decay=epoch|step|none
   ("No Decay"), adapt=seq1d|pool2d ("AP-2D"). kd= and feature= unset keep the mode's weights.
+
+  Variants of the feature term and of the agent's start, none in the paper or the authors' code
+  (the mechanism study; each off by default): form=paper (Eq. 6's L2-normalised distance instead of
+  the official LayerNorm-MSE), layers=K (the last K layer pairs only), projector=linear (a
+  learnable linear map of the ViT's tokens before the loss, FitNets), balance=C (the hint's
+  gradient on the ViT at most C times the CE's), until=F (the hint during the first fraction F of
+  the steps only), gate=A (the hint off until the agent's running train top-1 reaches A),
+  teacher=PATH (joint: the agent starts from a run of ours) and frozen=1 (joint: the agent is
+  never updated).
   """
   c.sam.rho = 0.1 if arg.sam == 1 else arg.sam
   c.model.attention = arg.attention
@@ -98,6 +116,14 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
     c.loss.feature_vit = float(arg.feature)
   c.loss.feature_decay = arg.decay
   c.loss.adapt = arg.adapt
+  c.loss.feature_loss = arg.form
+  c.loss.feature_layers = arg.layers
+  c.loss.feature_projector = arg.projector
+  c.loss.feature_balance = arg.balance
+  c.loss.feature_until = arg.until
+  c.loss.feature_gate = arg.gate
+  c.agent_init_from = arg.teacher
+  c.agent_frozen = arg.frozen
 
 
 def cifar(name: str) -> dict:

@@ -247,7 +247,7 @@ def test_feature_losses_sum_over_layers():
   total, per_layer = losses.feature_losses(vits, agents, formula="official", adapt="pool2d")
   assert len(per_layer) == 3
   want = [ref_feature_loss(v, a, "official", "pool2d") for v, a in zip(vits, agents)]
-  np.testing.assert_allclose(per_layer, want, rtol=1e-5)
+  np.testing.assert_allclose(list(per_layer.values()), want, rtol=1e-5)
   np.testing.assert_allclose(total, sum(want), rtol=1e-5)
   with pytest.raises(ValueError, match="paired"):
     losses.feature_losses(vits, agents[:2])

@@ -362,3 +362,13 @@ def test_startup_of_a_finished_run_logs_its_results_and_touches_no_data(tmp_path
   with pytest.raises(errors.DataError):  # The same config in a fresh workdir needs its data.
     startup.check(config, tmp_path / "fresh", single_process=True)
   assert not (tmp_path / "fresh").exists()
+
+
+def test_a_field_added_at_its_default_is_no_change():
+  # A config.json written before a field existed: the field at its default resumes, otherwise not.
+  config = _config(mode="joint")
+  saved = json.loads(config.to_json_best_effort())
+  del saved["loss"]["feature_until"], saved["agent_frozen"]
+  assert workdirs.changed_fields(saved, config) == []
+  config.loss.feature_until = 0.5
+  assert workdirs.changed_fields(saved, config) == ["loss.feature_until: (unset) -> 0.5"]

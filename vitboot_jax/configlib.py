@@ -22,6 +22,8 @@ from vitboot_jax.models.choices import (  # noqa: F401
 MODES = ("vit", "agent", "joint", "shared", "cnn")
 FEATURE_DECAYS = ("epoch", "step", "none")  # How the feature-loss weight decays (losses.py).
 ADAPTERS = ("seq1d", "pool2d")  # Feature size adaptation (losses.py).
+FEATURE_FORMULAS = ("official", "paper")  # The feature loss's form (losses.py).
+PROJECTORS = ("none", "linear")  # A learnable map of the ViT's tokens before the hint (steps.py).
 
 # The one list of each choice, checked here before anything heavy is imported and imported by the
 # modules that implement the choices (align.py, losses.py; the models' own: models/choices.py).
@@ -61,6 +63,11 @@ def base_config() -> ml_collections.ConfigDict:
   # Pre-trained ViT weights for a fresh run (init_from.py): a timm/DeiT .safetensors, .npz, .pth
   # or a workdir of ours; "" trains from scratch.
   c.init_from = ""
+  # Joint-mode variants (the mechanism study): the agent starts from a run of ours (its workdir
+  # or checkpoint: the agent's params and BatchNorm statistics; "" from scratch), and is frozen
+  # (never updated: a fixed teacher).
+  c.agent_init_from = ""
+  c.agent_frozen = False
   # Kernel set (kernel_sets.py): "auto" takes "cpu" when the mesh's devices are CPUs, else
   # "xla"; "xla" / "cpu" force one (a kernel A/B is this flip).
   c.kernels = "auto"
@@ -126,6 +133,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.adapt = "seq1d"  # "seq1d" (official 1-D pooling) | "pool2d" (Table 4's AP-2D)
   # "epoch" (official, piecewise constant) | "step" | "none" (constant: Table 4's "No Decay")
   c.loss.feature_decay = "epoch"
+  # Variants of the feature (hint) term; each default is the official recipe (losses.py, steps.py).
+  c.loss.feature_until = 1.0  # The hint acts during this fraction of the steps, then is off.
+  c.loss.feature_gate = 0.0  # > 0: the hint is off until the agent's running train top-1 >= it.
+  c.loss.feature_layers = 0  # > 0: only the last k paired layers; 0: every pair (official).
+  c.loss.feature_projector = (
+    "none"  # "linear": a learnable D x D map of the ViT's tokens (FitNets).
+  )
+  # > 0: the hint's gradient on the ViT is scaled down to at most this multiple of the CE's norm.
+  c.loss.feature_balance = 0.0
 
   # DrLoc (dense relative localisation, Liu et al. 2021): weight = lambda; 0 disables.
   c.drloc = ml_collections.ConfigDict()
@@ -262,12 +278,65 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     )
   if c.loss.adapt not in ADAPTERS:
     raise ConfigError(f"config.loss.adapt={c.loss.adapt!r} is unknown; choose one of {ADAPTERS}")
+  _validate_hint_variants(c)
   if c.align not in ALIGN_METHODS:
     raise ConfigError(f"config.align={c.align!r} is unknown; choose one of {ALIGN_METHODS}")
   if c.align_granularity not in ALIGN_GRANULARITIES:
     raise ConfigError(
       f"config.align_granularity={c.align_granularity!r} is unknown; choose one of "
       f"{ALIGN_GRANULARITIES}"
+    )
+
+
+def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
+  """The variants of the feature term and the agent's start (configs/common.py's switches)."""
+  loss = c.loss
+  if loss.feature_loss not in FEATURE_FORMULAS:
+    raise ConfigError(
+      f"config.loss.feature_loss={loss.feature_loss!r} is unknown; choose one of {FEATURE_FORMULAS}"
+    )
+  if not 0.0 < loss.feature_until <= 1.0:
+    raise ConfigError(
+      f"config.loss.feature_until={loss.feature_until} must be in (0, 1] (the fraction of the "
+      "steps with the hint on; 1 is the official recipe)"
+    )
+  if not 0.0 <= loss.feature_gate < 1.0:
+    raise ConfigError(
+      f"config.loss.feature_gate={loss.feature_gate} must be in [0, 1) (the agent's running train "
+      "top-1 that switches the hint on; 0 is the official recipe)"
+    )
+  layers = loss.feature_layers
+  if not isinstance(layers, int) or layers < 0 or (layers > 0 and layers > c.model.depth):
+    raise ConfigError(
+      f"config.loss.feature_layers={loss.feature_layers!r} must be an integer in "
+      f"[0, {c.model.depth}] (the last k paired layers; 0: all, the official recipe)"
+    )
+  if loss.feature_projector not in PROJECTORS:
+    raise ConfigError(
+      f"config.loss.feature_projector={loss.feature_projector!r} is unknown; choose one of "
+      f"{PROJECTORS}"
+    )
+  if loss.feature_balance < 0:
+    raise ConfigError(
+      f"config.loss.feature_balance={loss.feature_balance} must be >= 0 (0: off, the official "
+      "recipe)"
+    )
+  hint_variant = (
+    loss.feature_until < 1.0
+    or loss.feature_gate > 0
+    or loss.feature_layers > 0
+    or loss.feature_projector != "none"
+    or loss.feature_balance > 0
+  )
+  if hint_variant and (c.mode not in ("joint", "shared") or not loss.feature_vit):
+    raise ConfigError(
+      f"a feature-term variant is set but mode {c.mode!r} with config.loss.feature_vit="
+      f"{loss.feature_vit} has no feature term; use mode joint or shared with a feature weight"
+    )
+  if (c.agent_init_from or c.agent_frozen) and c.mode != "joint":
+    raise ConfigError(
+      f"config.agent_init_from / config.agent_frozen are joint-mode variants (the agent has its "
+      f"own weights there); mode {c.mode!r} cannot use them"
     )
 
 

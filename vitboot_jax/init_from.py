@@ -7,11 +7,16 @@ it once), or a run of ours: its workdir, its `checkpoints/` directory or one `ch
 (the ViT's parameters of the newest complete step). Names and shapes are handled by
 models/pretrained.py.
 
+`config.agent_init_from` (a joint-mode variant of the mechanism study) starts the agent from a run
+of ours the same way: its parameters and BatchNorm statistics, which must match the config's agent
+exactly (same shapes: a run of the same agent recipe, e.g. mode agent).
+
 Only a fresh run imports: a workdir that holds a checkpoint resumes from it instead.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -101,6 +106,64 @@ def read_orbax_vit(path: str) -> dict[str, Any]:
   restored = checkpoint.read_on_host(step_dir, {"params": {"vit": vit}})
   logging.info("init_from: read the ViT of checkpoint %s", step_dir)
   return restored["params"]["vit"]
+
+
+def read_orbax_agent(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The agent's (params, batch_stats) (numpy) of our newest complete checkpoint under `path`."""
+  # orbax reads absolute paths only; a relative one is the cwd's.
+  step_dir = _orbax_step_dir(epath.Path(path if "://" in path else os.path.abspath(path)))
+  stored = checkpoint.stored_tree(step_dir)
+  params = stored.get("params", {}).get("agent") if isinstance(stored, dict) else None
+  if params is None:
+    raise ValueError(
+      f"config.agent_init_from: the checkpoint in {step_dir} has no agent (params/agent): it was "
+      "written by a run without one (mode vit or cnn); give a run of mode agent or joint"
+    )
+  stats = stored.get("batch_stats", {}).get("agent", {})
+  wanted = {"params": {"agent": params}, "batch_stats": {"agent": stats}}
+  restored = checkpoint.read_on_host(step_dir, wanted)
+  logging.info("agent_init_from: read the agent of checkpoint %s", step_dir)
+  return restored["params"]["agent"], restored["batch_stats"]["agent"]
+
+
+def _same_shapes(what: str, path: str, got: Any, want: Any) -> None:
+  """Raises one line naming the first leaf whose path or shape differs."""
+  got_leaves = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree.leaves_with_path(got)}
+  want_leaves = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree.leaves_with_path(want)}
+  for key in sorted(set(got_leaves) | set(want_leaves)):
+    if got_leaves.get(key) != want_leaves.get(key):
+      raise ValueError(
+        f"config.agent_init_from={path}: the stored {what}{key} has shape "
+        f"{got_leaves.get(key, 'none')} where this config's agent has "
+        f"{want_leaves.get(key, 'none')}; give a run of the same agent recipe (e.g. this config "
+        "with mode=agent)"
+      )
+
+
+def initialise_agent(
+  state: TrainState,
+  config: ml_collections.ConfigDict,
+  tx: optax.GradientTransformation,
+  state_sharding: TrainState,
+) -> TrainState:
+  """`state` (fresh, joint) with its agent read from `config.agent_init_from` and a fresh
+  optimizer state."""
+  path = config.agent_init_from
+  params, stats = read_orbax_agent(path)
+  fresh_params = jax.device_get(state.params["agent"])
+  fresh_stats = jax.device_get(state.batch_stats.get("agent", {}))
+  _same_shapes("params", path, params, fresh_params)
+  _same_shapes("batch_stats", path, stats, fresh_stats)
+  cast = lambda tree, like: jax.tree.map(lambda x, y: np.asarray(x, y.dtype), tree, like)
+  new_params = jax.device_put(
+    {**state.params, "agent": cast(params, fresh_params)}, state_sharding.params
+  )
+  new_stats = jax.device_put(
+    {**state.batch_stats, "agent": cast(stats, fresh_stats)}, state_sharding.batch_stats
+  )
+  opt_state = jax.jit(tx.init, out_shardings=state_sharding.opt_state)(new_params)
+  logging.info("agent_init_from: the agent starts from %s", path)
+  return state.replace(params=new_params, batch_stats=new_stats, opt_state=opt_state)
 
 
 def read_vit_params(path: str) -> dict[str, Any]:

@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from vitboot_jax import configlib
-
-FORMULAS = ("official", "paper")
+from vitboot_jax.models.choices import hinted_layers
 
 
 def cross_entropy(
@@ -160,24 +159,47 @@ def feature_loss(
   if formula == "paper":
     diff = _l2_normalise(agent) - _l2_normalise(vit)
     return jnp.mean(jnp.sum(jnp.square(diff), axis=(1, 2)))
-  raise ValueError(f"config.loss.feature_loss={formula!r} is unknown; choose one of {FORMULAS}")
+  raise ValueError(
+    f"config.loss.feature_loss={formula!r} is unknown; choose one of {configlib.FEATURE_FORMULAS}"
+  )
 
 
 def feature_losses(
-  vit_features: Sequence[jax.Array], agent_features: Sequence[jax.Array], **kwargs
-) -> tuple[jax.Array, list[jax.Array]]:
+  vit_features: Sequence[jax.Array],
+  agent_features: Sequence[jax.Array],
+  *,
+  last: int = 0,
+  projectors: dict[str, dict[str, jax.Array]] | None = None,
+  **kwargs,
+) -> tuple[jax.Array, dict[int, jax.Array]]:
   """Sums `feature_loss` over index-paired layers (l with l), as the official code (not a mean).
 
-  Returns the total and the per-layer values (for logging).
+  Variants (off by default): `last` k > 0 pairs only the last k layers; `projectors`
+  ({"layer_<l>": {"kernel", "bias"}}) maps layer l's ViT tokens linearly before the loss (FitNets'
+  regressor; the official code has none).
+
+  Returns the total and the per-layer values by layer index (for logging).
   """
   if len(vit_features) != len(agent_features):
     raise ValueError(
       f"feature_losses: {len(vit_features)} ViT layers but {len(agent_features)} agent layers; "
       "layers are paired by index"
     )
-  per_layer = [feature_loss(v, a, **kwargs) for v, a in zip(vit_features, agent_features)]
-  total = sum(per_layer, jnp.zeros((), jnp.float32))
+  per_layer = {}
+  for layer in hinted_layers(len(vit_features), last):
+    vit = vit_features[layer]
+    if projectors is not None:
+      p = projectors[f"layer_{layer}"]
+      vit = vit.astype(jnp.float32) @ p["kernel"] + p["bias"]
+    per_layer[layer] = feature_loss(vit, agent_features[layer], **kwargs)
+  total = sum(per_layer.values(), jnp.zeros((), jnp.float32))
   return total, per_layer
+
+
+def hint_on(step: jax.Array | int, total_steps: int, until: float) -> jax.Array:
+  """1 while `step` < until x total_steps, then 0: the hint for the first part of the run only
+  (a variant; until=1 keeps it on throughout, the official recipe)."""
+  return (jnp.asarray(step) < round(until * total_steps)).astype(jnp.float32)
 
 
 def feature_weight(

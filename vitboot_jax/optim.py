@@ -135,12 +135,16 @@ def mode_optimizer(
   """`make_optimizer` for a mode training the models `names` (ModelSet.names).
 
   Joint mode gives each model its own copy of the chain (and its own clipping); every other mode
-  updates its one parameter tree with one chain. A model's DrLoc head ("drloc_<name>") belongs
-  to that model's chain, as it does in single-model modes.
+  updates its one parameter tree with one chain. A model's loss parameters (its DrLoc head
+  "drloc_<name>", the ViT's hint projector "hint_vit") belong to that model's chain, as they do
+  in single-model modes. config.agent_frozen (a joint variant) gives the agent no updates.
   """
   tx, schedule = make_optimizer(config.optim, steps_per_epoch, config.num_epochs)
   if config.mode == "joint":
-    owner = lambda key: key.removeprefix("drloc_")
+    owner = lambda key: key.removeprefix("drloc_").removeprefix("hint_")
     labels = lambda params: {k: jax.tree.map(lambda _, k=k: owner(k), v) for k, v in params.items()}
-    tx = optax.multi_transform({name: tx for name in names}, labels)
+    chains = {name: tx for name in names}
+    if config.get("agent_frozen", False):
+      chains["agent"] = optax.set_to_zero()
+    tx = optax.multi_transform(chains, labels)
   return tx, schedule

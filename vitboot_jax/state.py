@@ -22,15 +22,22 @@ class TrainState:
 
 
 def create_state(
-  models: ModelSet, tx: optax.GradientTransformation, rng: jax.Array, image_shape: tuple[int, ...]
+  models: ModelSet,
+  tx: optax.GradientTransformation,
+  rng: jax.Array,
+  image_shape: tuple[int, ...],
+  stats: dict[str, Any] | None = None,
 ) -> TrainState:
-  """Initial state; call under `jax.jit(..., out_shardings=...)` or `jax.eval_shape`."""
+  """Initial state; call under `jax.jit(..., out_shardings=...)` or `jax.eval_shape`.
+
+  `stats`: training statistics kept beside the models' BatchNorm ones (steps.initial_stats).
+  """
   init_rng, train_rng = jax.random.split(rng)
   variables = models.init(init_rng, jnp.zeros((1, *image_shape), jnp.float32))
   return TrainState(
     step=jnp.zeros((), jnp.int32),
     params=variables["params"],
-    batch_stats=variables["batch_stats"],
+    batch_stats={**variables["batch_stats"], **(stats or {})},
     opt_state=tx.init(variables["params"]),
     rng=jax.random.key_data(train_rng),
   )

@@ -53,7 +53,8 @@ class Trainer:
     return self.init(jax.random.key(self.config.seed))
 
   def initial_state(self) -> TrainState:
-    """The state a fresh run starts from: init, its host-side part, config.init_from."""
+    """The state a fresh run starts from: init, its host-side part, config.init_from and
+    config.agent_init_from."""
     rng = jax.random.key(self.config.seed)
     state = self.init(rng)
     params = self.models.init_on_host(state.params, rng)
@@ -61,6 +62,8 @@ class Trainer:
       state = state.replace(params=jax.device_put(params, self.state_sharding.params))
     if self.config.init_from:
       state = init_from.initialise(state, self.config, self.tx, self.state_sharding)
+    if self.config.get("agent_init_from"):
+      state = init_from.initialise_agent(state, self.config, self.tx, self.state_sharding)
     return state
 
 
@@ -79,7 +82,9 @@ def build(
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch)
   # Sharded init: shapes first, then one jitted init that writes straight into the shardings.
   image_shape = (config.image_size, config.image_size, 3)
-  init = functools.partial(create_state, models, tx, image_shape=image_shape)
+  init = functools.partial(
+    create_state, models, tx, image_shape=image_shape, stats=steps.initial_stats(config)
+  )
   abstract_state = jax.eval_shape(init, jax.random.key(config.seed))
   replicated = sharding.replicated(mesh)
   state_sharding = jax.tree.map(lambda _: replicated, abstract_state)

@@ -20,7 +20,7 @@ from typing import Any
 import ml_collections
 from etils import epath
 
-from vitboot_jax import errors, workdir_claim
+from vitboot_jax import configlib, errors, workdir_claim
 
 CONFIG_FILE = "config.json"
 DATA_FILE = "data.json"
@@ -64,9 +64,22 @@ _MAX_CHANGES_SHOWN = 6
 _UNSET = object()
 
 
+def _added_default(path: str, new: Any) -> bool:
+  """Whether `path` is a field a newer version added, holding its default (the behaviour of
+  the version that wrote the config.json, which lacks the field)."""
+  default: Any = json.loads(configlib.base_config().to_json_best_effort())
+  for key in path.split("."):
+    if not isinstance(default, dict) or key not in default:
+      return False
+    default = default[key]
+  return default == new
+
+
 def changed_fields(saved: dict[str, Any], config: ml_collections.ConfigDict) -> list[str]:
   """`field: saved -> current` for every config leaf that differs from a saved config.json
-  (e.g. `optim.lr: 0.001 -> 0.002`), volatile fields aside, in field order."""
+  (e.g. `optim.lr: 0.001 -> 0.002`), volatile fields aside, in field order. A field the saved
+  config lacks counts only if it differs from its default: new versions add fields whose default
+  is the old behaviour, and an older run must still resume."""
   current = json.loads(config.to_json_best_effort())
 
   def diff(old: Any, new: Any, prefix: str) -> list[str]:
@@ -78,7 +91,7 @@ def changed_fields(saved: dict[str, Any], config: ml_collections.ConfigDict) -> 
         if f"{prefix}{k}" not in VOLATILE_FIELDS
         for change in diff(old.get(k, _UNSET), new.get(k, _UNSET), f"{prefix}{k}.")
       ]
-    if old == new:
+    if old == new or (old is _UNSET and _added_default(prefix[:-1], new)):
       return []
     show = lambda v: "(unset)" if v is _UNSET else repr(v)
     return [f"{prefix[:-1]}: {show(old)} -> {show(new)}"]

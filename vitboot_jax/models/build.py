@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 from flax import linen as nn
 
-from vitboot_jax.models import attention_init
+from vitboot_jax.models import attention_init, choices
 from vitboot_jax.models import drloc_head as drloc_lib
 from vitboot_jax.models.agent import Agent
 from vitboot_jax.models.drloc_head import DrLocSetting
@@ -102,6 +102,9 @@ class ModelSet:
   kernels: Kernels = XLA
   # (vit_params, rng) -> vit_params: config.model.init's attention initialiser, or None.
   attention_init: Callable[[dict[str, Any], jax.Array], dict[str, Any]] | None = None
+  # ViT layers whose tokens a learnable linear map takes before the hint (a variant; none: the
+  # official recipe), params["hint_vit"]["layer_<l>"], initialised to the identity.
+  hint_projectors: tuple[int, ...] = ()
 
   @property
   def names(self) -> tuple[str, ...]:
@@ -145,6 +148,15 @@ class ModelSet:
       params[f"drloc_{name}"] = drloc_lib.init_head(
         setting.head, jax.random.fold_in(rngs[name], 1), width
       )
+    if self.hint_projectors:
+      width = self.modules["vit"].embed_dim
+      params["hint_vit"] = {
+        f"layer_{layer}": {
+          "kernel": jnp.eye(width, dtype=jnp.float32),
+          "bias": jnp.zeros((width,), jnp.float32),
+        }
+        for layer in self.hint_projectors
+      }
     return {"params": params, "batch_stats": batch_stats}
 
   def init_on_host(self, params: dict[str, Any], rng: jax.Array) -> dict[str, Any]:
@@ -155,6 +167,11 @@ class ModelSet:
     vit = jax.tree.map(np.asarray, jax.device_get(params["vit"]))
     vit = self.attention_init(vit, jax.random.fold_in(rng, _HOST_INIT_STREAM))
     return {**params, "vit": jax.tree.map(jnp.asarray, vit)}
+
+  def loss_params(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters model `name`'s loss reads beside its outputs: its DrLoc head
+    ("drloc_<name>") and hint projector ("hint_<name>"), where present."""
+    return {k: params[k] for k in (f"drloc_{name}", f"hint_{name}") if k in params}
 
   def apply(
     self,
@@ -248,10 +265,14 @@ def build_models(config: ml_collections.ConfigDict, kernels: Kernels) -> ModelSe
       num_heads=config.model.num_heads,
       grid=config.image_size // config.model.patch_size,
     )
+  projectors = ()
+  if "vit" in modules and "agent" in modules and config.loss.get("feature_projector") == "linear":
+    projectors = choices.hinted_layers(config.model.depth, config.loss.get("feature_layers", 0))
   return ModelSet(
     mode=mode,
     modules=modules,
     drloc=_drloc_settings(config, modules),
     kernels=kernels,
     attention_init=host_init,
+    hint_projectors=projectors,
   )

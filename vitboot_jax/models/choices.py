@@ -8,3 +8,9 @@ INITS = ("official", "standard")  # agent.py, vit.py
 # applied by build.ModelSet.init_on_host).
 ATTENTION_INITS = ("mimetic", "impulse3", "impulse5")
 KERNELS = ("auto", "xla", "cpu")  # kernels.py
+
+
+def hinted_layers(depth: int, last: int = 0) -> tuple[int, ...]:
+  """The paired layers the feature (hint) term acts on: all `depth` (official), or the `last` k
+  (config.loss.feature_layers; losses.feature_losses, and the projectors models/build.py makes)."""
+  return tuple(range(depth - last, depth)) if last else tuple(range(depth))

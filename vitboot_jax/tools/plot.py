@@ -11,7 +11,9 @@ Panels (x axis: epochs):
   * the feature-loss weight w(t) of mutual runs;
   * training loss terms: loss_vit, loss_agent, feature, KD (kd_vit solid, kd_agent dashed);
   * Align (shared runs only): the cosine between the two gradients on the shared weights and the
-    conflict rate (fraction of logged steps whose inner product is negative).
+    conflict rate (fraction of logged steps whose inner product is negative);
+  * the hint's pull on the ViT (runs with a feature term): the norm of the feature term's share of
+    the ViT's gradient over the cross-entropy's (hint_grad_ratio), and both norms.
 Training curves are per-batch values logged every `log_every_steps`, so they are noisy: they are
 drawn as a trailing moving average over --smooth logged points (1 disables it); the feature
 weight is piecewise constant and drawn as is. A panel no run has data for says so.
@@ -41,7 +43,7 @@ MODEL_LABELS = {"vit": "ViT", "agent": "agent", "cnn": "CNN"}
 DEFAULT_SMOOTH = 10
 DEFAULT_OUT = "curves.png"  # In the first run's workdir: nothing lands in the repository root.
 # (row, col) grid of the figure and the size of one panel in inches.
-GRID = (4, 2)
+GRID = (5, 2)
 PANEL_INCHES = (6.0, 3.4)
 DPI = 100
 INSTALL_HINT = "pip install -e '.[plot]'"
@@ -260,6 +262,11 @@ def plot_runs(
     log_if_wide=False,
   )
   axes[3, 1].set_ylim(-0.03, 1.03)
+  ratio = [("train/hint_grad_ratio", "-")]
+  _plot_train(axes[4, 0], runs, colours, ratio, "hint / CE gradient norm on the ViT", smooth)
+  axes[4, 0].axhline(1.0, color="grey", linewidth=0.8)
+  shares = [("train/grad_norm_ce_share_vit", "-"), ("train/grad_norm_feature_share_vit", "--")]
+  _plot_train(axes[4, 1], runs, colours, shares, "ViT gradient: CE solid, hint dashed", smooth)
   if smooth > 1:
     note = f"training curves: moving average over {smooth} logged points"
     fig.text(0.99, 0.005, note, ha="right", va="bottom", fontsize="small", color="grey")

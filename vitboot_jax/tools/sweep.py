@@ -23,6 +23,13 @@ reads the results into tables and figures; this module is the command line):
     DrLoc lambda 0.1 (DRLOC_LAMBDA): the DrLoc paper's value for grids the size of our 8x8.
   * replication_tokens16: the same at the paper's token grid (configs/cifar10_tokens16.py:
     patch 2, 16x16 tokens), the five methods and Table 4's joint rows.
+  * mechanism: why the feature (hint) term costs the ViT at 8x8 tokens (the replication's
+    setting and 5 epochs): the references (ViT alone, agent alone, official joint and shared,
+    joint without the hint) and one joint row per explanation's switch (configs/common.py):
+    teacher quality (the agent from the finished agent-alone run of the same seed, trained on or
+    frozen: AGENT_RUN, so it runs after the agent row; the hint gated on the agent's running
+    train top-1), timing (the hint early only), form and strength (the paper's Eq. 6, a linear
+    projector, the last layers, a gradient-norm cap) and geometry (2-D pooling).
   * replication_224: the paper's own ViT-S and Agent-S rows (configs/vits_cifar10.py: 224 px,
     the official recipe) on the same 10% of CIFAR-10, with the dataset on the devices; run side
     by side on one accelerator by launch/rung3_224.sh, which sets the data and the epochs.

@@ -96,7 +96,7 @@ def command(table: Table, s: Settings, row: Row, seed: int) -> list[str]:
     f"--config.seed={seed}",
     *data,
     *table.overrides,
-    *row.overrides,
+    *(o.format(root=s.root, seed=seed) for o in row.overrides),
     *s.extra,
   ]
 

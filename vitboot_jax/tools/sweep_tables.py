@@ -188,6 +188,52 @@ def _replication_rows(config: str, names: Sequence[str] | None = None) -> tuple[
   return tuple(r for r in rows if names is None or r.name in names)
 
 
+# The agent-alone run of the same seed, which the teacher rows of the mechanism table start from.
+AGENT_RUN = "{root}/agent_seed{seed}"
+
+
+def _mechanism_rows(config: str) -> tuple[Row, ...]:
+  """Why the feature (hint) term costs the ViT: one row per explanation's switch (configs/
+  common.py), all in joint mode unless named, beside the references."""
+
+  def row(name: str, args: str, note: str, models=("vit", "agent"), overrides=()) -> Row:
+    return Row(name, f"{config}:{args}", models, note, tuple(overrides), run=name)
+
+  teacher = (f"--config.agent_init_from={AGENT_RUN}",)
+  # Run in this order (the references the rows need first, then one row per explanation).
+  return (
+    row("vit", "mode=vit", "reference: ViT alone", ("vit",)),
+    row("agent", "mode=agent", "reference: agent alone (the teacher rows' start)", ("agent",)),
+    row("joint", "mode=joint", "reference: official joint (ce 1, kd 1, feature 10)"),
+    row(
+      "joint_teacher",
+      "mode=joint",
+      "1 teacher: the agent starts from the finished agent-alone run, trained on",
+      overrides=teacher,
+    ),
+    row(
+      "joint_teacher_frozen",
+      "mode=joint,frozen=1",
+      "1 teacher: the agent starts from the finished agent-alone run, frozen",
+      overrides=teacher,
+    ),
+    row("joint_until10", "mode=joint,until=0.1", "2 timing: hint in the first 10% of steps only"),
+    row("joint_until30", "mode=joint,until=0.3", "2 timing: hint in the first 30% of steps only"),
+    row("joint_balance1", "mode=joint,balance=1", "3 strength: hint gradient <= the CE's (norm)"),
+    row("joint_projector", "mode=joint,projector=linear", "3 form: learnable linear projector"),
+    row("joint_last2", "mode=joint,layers=2", "3 strength: the last 2 of 6 layers only"),
+    row("joint_paper_form", "mode=joint,form=paper", "3 form: the paper's Eq. 6 (L2-normalised)"),
+    row(
+      "joint_gate35",
+      "mode=joint,gate=0.35",
+      "1 teacher: hint on once the agent's train top-1 >= 35%",
+    ),
+    row("joint_pool2d", "mode=joint,adapt=pool2d", "4 geometry: 2-D pooling of the agent's grid"),
+    row("joint_kd_only", "mode=joint,feature=0", "reference: joint without the hint (KD only)"),
+    row("shared_noalign", "mode=shared,align=none", "reference: official shared"),
+  )
+
+
 _REPLICATION = dict(
   note_header="description",
   seeds=(0, 1),
@@ -234,6 +280,15 @@ _TABLES += (
     root="workdirs/rung3_224",
     # The data (an .npz of the 10% subset) and the epochs come from launch/rung3_224.sh.
     overrides=("--config.data.pipeline=device",),
+  ),
+)
+_TABLES += (
+  Table(
+    "mechanism",
+    "Why the hint costs the ViT: one switch per explanation (8x8 tokens, CIFAR-10 10%, 32 px)",
+    _mechanism_rows("configs/quickstart.py"),
+    root="workdirs/mechanism",
+    **{**_REPLICATION, "epochs": 5},
   ),
 )
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}

@@ -66,7 +66,9 @@ def step_specs(config: ml_collections.ConfigDict, platform: str):
   models = build_models(config, kernel_sets.for_config(config, platform=platform))
   tx, schedule = optim.mode_optimizer(config, models.names, _STEPS_PER_EPOCH)
   image_shape = (config.image_size, config.image_size, 3)
-  init = functools.partial(create_state, models, tx, image_shape=image_shape)
+  init = functools.partial(
+    create_state, models, tx, image_shape=image_shape, stats=step_lib.initial_stats(config)
+  )
   state = jax.eval_shape(init, jax.random.key(0))
   batch = config.batch_size
   shipped, dtype = device_preprocess.shipped_image(config)  # As the host pipeline delivers.
