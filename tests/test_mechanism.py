@@ -2,6 +2,7 @@
 on changes only what it says; the ViT's CE and feature gradient shares are measured."""
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,7 @@ from vitboot_jax.errors import ConfigError
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.choices import hinted_layers
 from vitboot_jax.state import create_state
-from vitboot_jax.tools import sweep
+from vitboot_jax.tools import sweep, sweep_report
 
 # Each variant switch, an "on" value and the config fields it may change.
 VARIANTS = {
@@ -324,3 +325,24 @@ def test_mechanism_table_names_each_rows_explanation():
   command = sweep.command(table, s, row, 1)
   assert "--config.agent_init_from=/runs/agent_seed1" in command
   assert any(a.startswith("--config=configs/quickstart.py:mode=joint,frozen=1") for a in command)
+
+
+def test_the_report_gives_the_hint_ratio_per_epoch(tmp_path):
+  table = sweep.TABLES["mechanism"]
+  s = sweep.settings(table, root=str(tmp_path), seeds=[0])
+  joint = next(r for r in table.rows if r.name == "joint")
+  wd = tmp_path / "joint_seed0"
+  wd.mkdir()
+  records = [
+    {"step": 20, "epoch": 0.5, "train/hint_grad_ratio": 6.0},
+    {"step": 40, "epoch": 1.0, "train/hint_grad_ratio": 4.0},
+    {"step": 40, "epoch": 1.0, "eval/top1_vit": 0.2},
+    {"step": 60, "epoch": 1.5, "train/hint_grad_ratio": 1.0},
+  ]
+  (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  (wd / "final.json").write_text(json.dumps({"epochs": 5, "top1_vit": 0.3, "top1_agent": 0.4}))
+  assert sweep_report.epoch_means(wd, sweep_report.RATIO) == [5.0, 1.0]
+  report = sweep.build_report(table, s)
+  entry = next(r for r in report["rows"] if r["name"] == joint.name)
+  assert entry["hint_grad_ratio"] == {0: [5.0, 1.0]}
+  assert "| joint | 0 | 5 | 1 |" in sweep.table_markdown(report)

@@ -48,6 +48,24 @@ def spread(values: Sequence[float]) -> dict[str, Any] | None:
   }
 
 
+# A training metric averaged per epoch in the report (runs with a feature term log it).
+RATIO = "train/hint_grad_ratio"
+
+
+def epoch_means(workdir: epath.Path, key: str) -> list[float]:
+  """The mean of `key` over the logged steps of each epoch (1-based: steps of epoch e have
+  e - 1 < step / steps_per_epoch <= e); [] where the run never logged it."""
+  path = workdir / "metrics.jsonl"
+  if not path.exists():
+    return []
+  sums: dict[int, list[float]] = {}
+  for line in path.read_text().splitlines():
+    record = json.loads(line)
+    if key in record and "epoch" in record:
+      sums.setdefault(math.ceil(record["epoch"] - 1e-9), []).append(float(record[key]))
+  return [statistics.fmean(sums[e]) for e in sorted(sums)]
+
+
 def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
   """Per row: status, the statistics of the finished seeds' final.json (top-1 in %), the
   paper's top-1 and the commands."""
@@ -89,6 +107,12 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
         for m in row.models
       },
       "commands": [shlex.join(command(table, s, row, seed)) for seed in s.seeds],
+      # Per finished seed, the hint's gradient norm over the CE's on the ViT, mean per epoch.
+      "hint_grad_ratio": {
+        seed: ratio
+        for seed in sorted(finals)
+        if (ratio := epoch_means(absolute(workdir(s, row, seed)), RATIO))
+      },
     }
     out.append(entry)
   return out
@@ -180,6 +204,21 @@ def table_markdown(report: dict[str, Any]) -> str:
     )
   if not all(r["epochs_match"] for r in report["rows"]):
     lines.append(f"(!) a finished run of this row trained other than {report['epochs']:g} epochs.")
+  ratios = [r for r in report["rows"] if r.get("hint_grad_ratio")]
+  if ratios:
+    width = max(len(v) for r in ratios for v in r["hint_grad_ratio"].values())
+    lines += [
+      "",
+      "The hint's pull on the ViT: the norm of the feature term's share of the ViT's gradient over "
+      "the cross-entropy's (`hint_grad_ratio`), mean over each epoch's logged steps, per seed:",
+      "",
+      "| row | seed | " + " | ".join(f"epoch {e + 1}" for e in range(width)) + " |",
+      "|---|---|" + "---|" * width,
+    ]
+    for r in ratios:
+      for seed, values in r["hint_grad_ratio"].items():
+        cells = [f"{v:.3g}" for v in values] + [""] * (width - len(values))
+        lines.append(f"| {r['name']} | {seed} | " + " | ".join(cells) + " |")
   if report.get("curves"):
     lines += ["", f"![curves of seed {report['seeds'][0]}]({CURVES})"]
   return "\n".join(lines) + "\n"
