@@ -47,6 +47,7 @@ import json
 import logging as logging_lib
 import os
 import re
+import sys
 import time
 import zlib
 from collections.abc import Iterator
@@ -669,10 +670,28 @@ class _QuietLibraryFailures(logging_lib.Filter):
 
 
 def quiet_library_failures() -> None:
-  """Installs the filter above on absl's handler (once); the Checkpointer and readers call it."""
+  """Installs the filter above on absl's handler and the hook below (once each); the
+  Checkpointer and the readers call it."""
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _QuietLibraryFailures) for f in handler.filters):
     handler.addFilter(_QuietLibraryFailures())
+  if not getattr(sys.unraisablehook, "_vitboot_quiet", False):
+    sys.unraisablehook = _quiet_unraisable_hook(sys.unraisablehook)
+
+
+def _quiet_unraisable_hook(previous: Any) -> Any:
+  """A failed restore abandons orbax's pending reads; each then finds its event loop closed and
+  prints a traceback (dozens per restore). Those go to debug level; anything else to `previous`."""
+
+  def hook(unraisable: Any) -> None:
+    value = unraisable.exc_value
+    closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+    if closed_loop and not logging.level_debug():
+      return
+    previous(unraisable)
+
+  hook._vitboot_quiet = True
+  return hook
 
 
 _WRITE_FIX = {
