@@ -680,18 +680,31 @@ def quiet_library_failures() -> None:
 
 
 def _quiet_unraisable_hook(previous: Any) -> Any:
-  """A failed restore abandons orbax's pending reads; each then finds its event loop closed and
-  prints a traceback (dozens per restore). Those go to debug level; anything else to `previous`."""
+  """A failed save or restore abandons orbax's pending reads and writes: when collected (often at
+  exit) each prints a traceback, dozens per failure, as does every read that finds its event loop
+  closed. Those go to debug level; anything else to `previous`."""
 
   def hook(unraisable: Any) -> None:
     value = unraisable.exc_value
     closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
-    if closed_loop and not logging.level_debug():
+    if (closed_loop or _raised_in_orbax(unraisable)) and not logging.level_debug():
       return
     previous(unraisable)
 
   hook._vitboot_quiet = True
   return hook
+
+
+def _raised_in_orbax(unraisable: Any) -> bool:
+  code = getattr(unraisable.object, "cr_code", None)  # An abandoned coroutine of orbax's.
+  if code is not None and "/orbax/" in code.co_filename.replace(os.sep, "/"):
+    return True
+  tb = unraisable.exc_traceback
+  while tb is not None:
+    if "/orbax/" in tb.tb_frame.f_code.co_filename.replace(os.sep, "/"):
+      return True
+    tb = tb.tb_next
+  return False
 
 
 _WRITE_FIX = {
