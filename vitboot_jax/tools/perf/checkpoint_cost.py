@@ -1,0 +1,212 @@
+r"""What checkpoint integrity costs: saves with and without the checksum record, and its check.
+
+  python -m vitboot_jax.tools.perf.checkpoint_cost --config=configs/vitb_cifar10.py:mode=vit \
+    --repeats 3
+
+Builds the config's real train state (parameters and optimizer state, shapes from the trainer,
+values random) and saves it with checkpoint.Checkpointer as train.py does, alternating two
+variants in one process: "checksums" (the product: a CRC32 per file recorded in orbax's
+background finalisation) and "none" (the record switched off, as before issue 55). Each trial
+saves into a fresh directory on --dir's disk and removes it afterwards; restores read files the
+save has just written (warm page cache, as a resume right after a crash usually does not: a cold
+read adds the disk's time to both variants).
+
+Output, one JSON object per line:
+  1. {"state_bytes", "arrays", "step_dir_bytes", "files", ...}: what is saved.
+  2. One line per variant: medians over --repeats of "save_call_s" (how long `save` blocks the
+     training loop), "save_total_s" (until the step is committed, nothing else running),
+     "idle_step_s" (a synthetic step that rewrites every float array of the state, no save in
+     flight), "busy_step_s" (the same step while a save is written in the background),
+     "restore_s" (restore_latest into the trainer's abstract state; with checksums it verifies
+     first).
+  3. {"verify_s", "verify_bytes_per_s"}: checkpoint.verify of one step alone, median.
+  4. {"summary": ...}: what the checksums add to each of the times above (s and %).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import app, flags
+from ml_collections import config_flags
+
+from vitboot_jax import checkpoint, cli, progress, sharding
+from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.cpu import host_memory
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Trials per variant (alternating).")
+_STEPS = flags.DEFINE_integer("steps", 4, "Synthetic steps timed with and without a save.")
+_DIR = flags.DEFINE_string("dir", None, "Where to save (default: a temporary directory).")
+
+VARIANTS = ("checksums", "none")
+
+
+@contextlib.contextmanager
+def _variant(name: str) -> Iterator[None]:
+  """ "none": the record switched off (orbax's own finalize only), for the comparison."""
+  if name == "checksums":
+    yield
+    return
+  handler = checkpoint._ChecksummedHandler  # Private: only this benchmark switches it off.
+  product = handler.finalize
+  handler.finalize = ocp.StandardCheckpointHandler.finalize
+  try:
+    yield
+  finally:
+    handler.finalize = product
+
+
+def _random_state(abstract: Any) -> Any:
+  """Host arrays of the abstract state's shapes; floats random, so nothing compresses."""
+  rng = np.random.default_rng(0)
+
+  def draw(leaf: jax.ShapeDtypeStruct) -> Any:
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      return jax.random.key(0)
+    if jax.dtypes.issubdtype(leaf.dtype, np.floating):
+      return rng.standard_normal(leaf.shape, np.float32).astype(leaf.dtype)
+    return np.zeros(leaf.shape, leaf.dtype)
+
+  return jax.tree.map(draw, abstract)
+
+
+def _on_devices(host: Any, abstract: Any) -> Any:
+  return jax.tree.map(
+    lambda h, a: h if isinstance(h, jax.Array) else jax.device_put(h, a.sharding), host, abstract
+  )
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+  start = time.perf_counter()
+  out = fn()
+  return time.perf_counter() - start, out
+
+
+def _dir_size(path: str) -> tuple[int, int]:
+  sizes = [
+    os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names
+  ]
+  return sum(sizes), len(sizes)
+
+
+def _trial(variant: str, root: str, host: Any, trainer: trainer_lib.Trainer, steps: int) -> dict:
+  abstract = trainer.abstract_state
+  floats = lambda x: jax.dtypes.issubdtype(x.dtype, np.floating)
+  # Donated like the train step: the save must have copied the arrays before the next step.
+  step = jax.jit(
+    lambda s: jax.tree.map(lambda x: x * 1.0001 if floats(x) else x, s), donate_argnums=0
+  )
+
+  def run_steps(state: Any) -> tuple[list[float], Any]:
+    times = []
+    for _ in range(steps):
+      took, state = _timed(lambda s=state: jax.block_until_ready(step(s)))
+      times.append(took)
+    return times, state
+
+  workdir = os.path.join(root, f"{variant}-{time.monotonic_ns()}")
+  out: dict[str, Any] = {}
+  with _variant(variant), checkpoint.Checkpointer(workdir, keep=None) as ckpt:
+    state = _on_devices(host, abstract)
+    _, state = run_steps(state)  # Compiles.
+    idle, state = run_steps(state)
+    out["save_call_s"], _ = _timed(lambda: ckpt.save(1, state, force=True))
+    wait_s, _ = _timed(ckpt.wait)
+    out["save_total_s"] = out["save_call_s"] + wait_s
+    ckpt.save(2, state, force=True)
+    busy, state = run_steps(state)
+    ckpt.wait()
+    out["idle_step_s"] = statistics.median(idle)
+    out["busy_step_s"] = statistics.median(busy)
+  step_dir = os.path.join(workdir, checkpoint.CHECKPOINT_SUBDIR, "2")
+  out["step_dir_bytes"], out["files"] = _dir_size(step_dir)
+  if variant == "checksums":
+    out["verify_s"], problem = _timed(lambda: checkpoint.verify(step_dir))
+    assert problem is None, problem
+  with _variant(variant), checkpoint.Checkpointer(workdir, read_only=True) as ckpt:
+    out["restore_s"], restored = _timed(
+      lambda: jax.block_until_ready(ckpt.restore_latest(abstract))
+    )
+  assert restored[1] == 2
+  shutil.rmtree(workdir)
+  return out
+
+
+def measure(config: Any, repeats: int, steps: int, directory: str) -> list[dict[str, Any]]:
+  """The JSON lines described in the module docstring."""
+  mesh = sharding.make_mesh()
+  trainer = trainer_lib.build(config, mesh, steps_per_epoch=1)
+  host = _random_state(trainer.abstract_state)
+  leaves = jax.tree.leaves(trainer.abstract_state)
+  state_bytes = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves)
+  trials: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+  for variant in VARIANTS:  # Warm-up: orbax's first save and restore of a process cost more.
+    _trial(variant, directory, host, trainer, steps)
+  for _ in range(repeats):
+    for variant in VARIANTS:  # Alternating: the machine's drift hits both alike.
+      trials[variant].append(_trial(variant, directory, host, trainer, steps))
+  first = trials["checksums"][0]
+  lines: list[dict[str, Any]] = [
+    {
+      "config": config.model.get("name", ""),
+      "mode": config.mode,
+      "state_bytes": state_bytes,
+      "arrays": len(leaves),
+      "step_dir_bytes": first["step_dir_bytes"],
+      "files": first["files"],
+      "devices": jax.device_count(),
+      "device_kind": jax.devices()[0].device_kind,
+      "cpus": os.cpu_count(),
+      "allocator": host_memory.description(),
+      "repeats": repeats,
+      "dir": directory,
+    }
+  ]
+  keys = ("save_call_s", "save_total_s", "idle_step_s", "busy_step_s", "restore_s")
+  medians = {v: {k: statistics.median(t[k] for t in trials[v]) for k in keys} for v in VARIANTS}
+  for variant in VARIANTS:
+    spread = {f"{k}_all": [round(t[k], 4) for t in trials[variant]] for k in keys}
+    lines.append({"variant": variant, **medians[variant], **spread})
+  verify_s = statistics.median(t["verify_s"] for t in trials["checksums"])
+  lines.append({"verify_s": verify_s, "verify_bytes_per_s": first["step_dir_bytes"] / verify_s})
+  on, off = medians["checksums"], medians["none"]
+  lines.append(
+    {
+      "summary": {
+        **{f"added_{k}": on[k] - off[k] for k in keys},
+        **{f"added_{k}_pct": 100 * (on[k] / off[k] - 1) for k in keys},
+      }
+    }
+  )
+  return lines
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    cli.fail(f"unexpected arguments: {argv[1:]}")
+  progress.quiet_libraries()
+  directory = _DIR.value or tempfile.mkdtemp(prefix="checkpoint_cost_")
+  try:
+    for line in measure(_CONFIG.value, _REPEATS.value, _STEPS.value, directory):
+      print(json.dumps(line), flush=True)
+  finally:
+    if _DIR.value is None:
+      shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+  host_memory.reexec_with_allocator()
+  flags.mark_flags_as_required(["config"])
+  app.run(main)
