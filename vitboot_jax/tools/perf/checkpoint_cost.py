@@ -14,7 +14,9 @@ read adds the disk's time to both variants).
 Output, one JSON object per line:
   1. {"state_bytes", "arrays", "step_dir_bytes", "files", ...}: what is saved.
   2. One line per variant: medians over --repeats of "save_call_s" (how long `save` blocks the
-     training loop), "save_total_s" (until the step is committed, nothing else running),
+     training loop), "finalize_s" (orbax's finalisation in the background thread, where the
+     checksums are computed: their cost is the difference between the variants),
+     "save_total_s" (until the step is committed, nothing else running),
      "idle_step_s" (a synthetic step that rewrites every float array of the state, no save in
      flight), "busy_step_s" (the same step while a save is written in the background),
      "restore_s" (restore_latest into the trainer's abstract state; with checksums it verifies
@@ -54,14 +56,19 @@ VARIANTS = ("checksums", "none")
 
 
 @contextlib.contextmanager
-def _variant(name: str) -> Iterator[None]:
-  """ "none": the record switched off (orbax's own finalize only), for the comparison."""
-  if name == "checksums":
-    yield
-    return
-  handler = checkpoint._ChecksummedHandler  # Private: only this benchmark switches it off.
+def _variant(name: str, finalize_times: list[float]) -> Iterator[None]:
+  """The product ("checksums") or the record switched off ("none": orbax's own finalize only);
+  either way each finalize (in the background thread) is timed into `finalize_times`."""
+  handler = checkpoint._ChecksummedHandler  # Private: only this benchmark patches it.
   product = handler.finalize
-  handler.finalize = ocp.StandardCheckpointHandler.finalize
+  finalize = product if name == "checksums" else ocp.StandardCheckpointHandler.finalize
+
+  def timed(self: Any, directory: Any) -> None:
+    start = time.perf_counter()
+    finalize(self, directory)
+    finalize_times.append(time.perf_counter() - start)
+
+  handler.finalize = timed
   try:
     yield
   finally:
@@ -118,7 +125,8 @@ def _trial(variant: str, root: str, host: Any, trainer: trainer_lib.Trainer, ste
 
   workdir = os.path.join(root, f"{variant}-{time.monotonic_ns()}")
   out: dict[str, Any] = {}
-  with _variant(variant), checkpoint.Checkpointer(workdir, keep=None) as ckpt:
+  finalize_times: list[float] = []
+  with _variant(variant, finalize_times), checkpoint.Checkpointer(workdir, keep=None) as ckpt:
     state = _on_devices(host, abstract)
     _, state = run_steps(state)  # Compiles.
     idle, state = run_steps(state)
@@ -128,6 +136,7 @@ def _trial(variant: str, root: str, host: Any, trainer: trainer_lib.Trainer, ste
     ckpt.save(2, state, force=True)
     busy, state = run_steps(state)
     ckpt.wait()
+    out["finalize_s"] = statistics.median(finalize_times)
     out["idle_step_s"] = statistics.median(idle)
     out["busy_step_s"] = statistics.median(busy)
   step_dir = os.path.join(workdir, checkpoint.CHECKPOINT_SUBDIR, "2")
@@ -135,7 +144,7 @@ def _trial(variant: str, root: str, host: Any, trainer: trainer_lib.Trainer, ste
   if variant == "checksums":
     out["verify_s"], problem = _timed(lambda: checkpoint.verify(step_dir))
     assert problem is None, problem
-  with _variant(variant), checkpoint.Checkpointer(workdir, read_only=True) as ckpt:
+  with _variant(variant, []), checkpoint.Checkpointer(workdir, read_only=True) as ckpt:
     out["restore_s"], restored = _timed(
       lambda: jax.block_until_ready(ckpt.restore_latest(abstract))
     )
@@ -174,7 +183,7 @@ def measure(config: Any, repeats: int, steps: int, directory: str) -> list[dict[
       "dir": directory,
     }
   ]
-  keys = ("save_call_s", "save_total_s", "idle_step_s", "busy_step_s", "restore_s")
+  keys = ("save_call_s", "finalize_s", "save_total_s", "idle_step_s", "busy_step_s", "restore_s")
   medians = {v: {k: statistics.median(t[k] for t in trials[v]) for k in keys} for v in VARIANTS}
   for variant in VARIANTS:
     spread = {f"{k}_all": [round(t[k], 4) for t in trials[variant]] for k in keys}
