@@ -440,3 +440,19 @@ def test_any_save_failure_is_one_checkpoint_save_error(tmp_path, mesh, monkeypat
   assert "\n" not in message
   assert f"Saving step 10 under {tmp_path / 'checkpoints'} failed: ValueError: NOT_FOUND" in message
   assert "newest complete checkpoint (step 5), which is intact" in message
+
+
+@pytest.mark.slow
+def test_checkpoint_cost_benchmark_prints_every_field(tmp_path):
+  from tests.config_files import load_config
+  from vitboot_jax.tools.perf import checkpoint_cost
+
+  lines = checkpoint_cost.measure(load_config("tiny_config", "mode=vit"), 1, 1, str(tmp_path))
+  assert [json.loads(json.dumps(line)) for line in lines] == lines  # Each prints as JSON.
+  head, *variants, verify, summary = lines
+  assert head["files"] > 1 and head["step_dir_bytes"] >= head["state_bytes"] // 2
+  assert [v["variant"] for v in variants] == list(checkpoint_cost.VARIANTS)
+  for v in variants:
+    assert all(v[k] > 0 for k in ("save_call_s", "finalize_s", "save_total_s", "restore_s"))
+  assert verify["verify_s"] > 0 and "added_finalize_s" in summary["summary"]
+  assert os.listdir(tmp_path) == []  # Every trial's directory is removed.

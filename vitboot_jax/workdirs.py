@@ -2,8 +2,10 @@
 
 A workdir belongs to the config of the run that saved a checkpoint (or finished) in it: another
 config is refused, whether that run is finished or not. A workdir without a checkpoint (a run that
-failed before its first save) holds nothing worth keeping, so it accepts any config. Nothing is
-created before these checks and the data check pass, so a mistake leaves no directory behind.
+failed before its first save) holds nothing worth keeping, so it accepts any config. Checkpoints
+without config.json (deleted, a partial copy) are refused, never resumed with whatever config the
+command gives: `--adopt_config` (main) declares the command's config theirs. Nothing is created
+before these checks and the data check pass, so a mistake leaves no directory behind.
 
 One run at a time: a workdir held by a live run (workdir_claim.py) is refused. A run records what
 it trains on in data.json beside config.json; resuming a checkpoint on other data (files added or
