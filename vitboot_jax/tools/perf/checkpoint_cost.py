@@ -28,6 +28,7 @@ Output, one JSON object per line:
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -149,6 +150,8 @@ def _trial(variant: str, root: str, host: Any, trainer: trainer_lib.Trainer, ste
       lambda: jax.block_until_ready(ckpt.restore_latest(abstract))
     )
   assert restored[1] == 2
+  state = restored = None
+  gc.collect()  # Orbax's closed managers hold the saves' host copies until collected (~1 GB each).
   shutil.rmtree(workdir)
   return out
 
