@@ -6,10 +6,10 @@ r"""What checkpoint integrity costs: saves with and without the checksum record,
 Builds the config's real train state (parameters and optimizer state, shapes from the trainer,
 values random) and saves it with checkpoint.Checkpointer as train.py does, alternating two
 variants in one process: "checksums" (the product: a CRC32 per file recorded in orbax's
-background finalisation) and "none" (the record switched off, as before issue 55). Each trial
-saves into a fresh directory on --dir's disk and removes it afterwards; restores read files the
-save has just written (warm page cache, as a resume right after a crash usually does not: a cold
-read adds the disk's time to both variants).
+background finalisation) and "none" (the record switched off, as before issue 55). Each variant
+saves into its own directory on --dir's disk (keeping 2 steps, removed at the end); restores
+read files the save has just written (warm page cache, as a resume after a crash usually does
+not: a cold read adds the disk's time to both variants).
 
 Output, one JSON object per line:
   1. {"state_bytes", "arrays", "step_dir_bytes", "files", ...}: what is saved.
@@ -19,8 +19,8 @@ Output, one JSON object per line:
      "save_total_s" (until the step is committed, nothing else running),
      "idle_step_s" (a synthetic step that rewrites every float array of the state, no save in
      flight), "busy_step_s" (the same step while a save is written in the background),
-     "restore_s" (restore_latest into the trainer's abstract state; with checksums it verifies
-     first).
+     "restore_s" (Checkpointer.restore into the trainer's abstract state; with checksums it
+     verifies first).
   3. {"verify_s", "verify_bytes_per_s"}: checkpoint.verify of one step alone, median.
   4. {"summary": ...}: what the checksums add to each of the times above (s and %).
 """
@@ -109,51 +109,64 @@ def _dir_size(path: str) -> tuple[int, int]:
   return sum(sizes), len(sizes)
 
 
-def _trial(variant: str, root: str, host: Any, trainer: trainer_lib.Trainer, steps: int) -> dict:
-  abstract = trainer.abstract_state
-  floats = lambda x: jax.dtypes.issubdtype(x.dtype, np.floating)
-  # Donated like the train step: the save must have copied the arrays before the next step.
-  step = jax.jit(
-    lambda s: jax.tree.map(lambda x: x * 1.0001 if floats(x) else x, s), donate_argnums=0
-  )
+class _Trials:
+  """One Checkpointer per variant for the whole process, as in training: orbax keeps part of
+  every manager it opened (a few hundred MB at this size) until the process ends."""
 
-  def run_steps(state: Any) -> tuple[list[float], Any]:
-    times = []
-    for _ in range(steps):
-      took, state = _timed(lambda s=state: jax.block_until_ready(step(s)))
-      times.append(took)
-    return times, state
-
-  workdir = os.path.join(root, f"{variant}-{time.monotonic_ns()}")
-  out: dict[str, Any] = {}
-  finalize_times: list[float] = []
-  with _variant(variant, finalize_times), checkpoint.Checkpointer(workdir, keep=None) as ckpt:
-    state = _on_devices(host, abstract)
-    _, state = run_steps(state)  # Compiles.
-    idle, state = run_steps(state)
-    out["save_call_s"], _ = _timed(lambda: ckpt.save(1, state, force=True))
-    wait_s, _ = _timed(ckpt.wait)
-    out["save_total_s"] = out["save_call_s"] + wait_s
-    ckpt.save(2, state, force=True)
-    busy, state = run_steps(state)
-    ckpt.wait()
-    out["finalize_s"] = statistics.median(finalize_times)
-    out["idle_step_s"] = statistics.median(idle)
-    out["busy_step_s"] = statistics.median(busy)
-  step_dir = os.path.join(workdir, checkpoint.CHECKPOINT_SUBDIR, "2")
-  out["step_dir_bytes"], out["files"] = _dir_size(step_dir)
-  if variant == "checksums":
-    out["verify_s"], problem = _timed(lambda: checkpoint.verify(step_dir))
-    assert problem is None, problem
-  with _variant(variant, []), checkpoint.Checkpointer(workdir, read_only=True) as ckpt:
-    out["restore_s"], restored = _timed(
-      lambda: jax.block_until_ready(ckpt.restore_latest(abstract))
+  def __init__(self, trainer: trainer_lib.Trainer, host: Any, root: str, steps: int):
+    self.abstract = trainer.abstract_state
+    self.state = _on_devices(host, self.abstract)
+    self.steps = steps
+    self.saved = 0
+    self.ckpts = {
+      v: checkpoint.Checkpointer(os.path.join(root, v), keep=2, async_save=True) for v in VARIANTS
+    }
+    floats = lambda x: jax.dtypes.issubdtype(x.dtype, np.floating)
+    # Donated like the train step: a save must have copied the arrays before the next step.
+    self.step = jax.jit(
+      lambda s: jax.tree.map(lambda x: x * 1.0001 if floats(x) else x, s), donate_argnums=0
     )
-  assert restored[1] == 2
-  state = restored = None
-  gc.collect()  # Orbax's closed managers hold the saves' host copies until collected (~1 GB each).
-  shutil.rmtree(workdir)
-  return out
+    self.run_steps()  # Compiles.
+
+  def run_steps(self) -> list[float]:
+    times = []
+    for _ in range(self.steps):
+      took, self.state = _timed(lambda s=self.state: jax.block_until_ready(self.step(s)))
+      times.append(took)
+    return times
+
+  def close(self) -> None:
+    for ckpt in self.ckpts.values():
+      ckpt.close()
+
+  def run(self, variant: str) -> dict[str, Any]:
+    ckpt = self.ckpts[variant]
+    out: dict[str, Any] = {}
+    finalize_times: list[float] = []
+    with _variant(variant, finalize_times):
+      idle = self.run_steps()
+      self.saved += 1
+      out["save_call_s"], _ = _timed(lambda: ckpt.save(self.saved, self.state, force=True))
+      wait_s, _ = _timed(ckpt.wait)
+      out["save_total_s"] = out["save_call_s"] + wait_s
+      self.saved += 1
+      ckpt.save(self.saved, self.state, force=True)
+      busy = self.run_steps()
+      ckpt.wait()
+      out["finalize_s"] = statistics.median(finalize_times)
+      out["idle_step_s"] = statistics.median(idle)
+      out["busy_step_s"] = statistics.median(busy)
+      step_dir = os.fspath(ckpt.step_dir(self.saved))
+      out["step_dir_bytes"], out["files"] = _dir_size(step_dir)
+      if variant == "checksums":
+        out["verify_s"], problem = _timed(lambda: checkpoint.verify(step_dir))
+        assert problem is None, problem
+      # restore() is what a resume runs per step: with a record it verifies first.
+      out["restore_s"], _ = _timed(
+        lambda: jax.block_until_ready(ckpt.restore(self.abstract, self.saved))
+      )
+    gc.collect()
+    return out
 
 
 def measure(config: Any, repeats: int, steps: int, directory: str) -> list[dict[str, Any]]:
@@ -163,12 +176,19 @@ def measure(config: Any, repeats: int, steps: int, directory: str) -> list[dict[
   host = _random_state(trainer.abstract_state)
   leaves = jax.tree.leaves(trainer.abstract_state)
   state_bytes = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves)
+  runner = _Trials(trainer, host, directory, steps)
+  del host
   trials: dict[str, list[dict]] = {v: [] for v in VARIANTS}
-  for variant in VARIANTS:  # Warm-up: orbax's first save and restore of a process cost more.
-    _trial(variant, directory, host, trainer, steps)
-  for _ in range(repeats):
-    for variant in VARIANTS:  # Alternating: the machine's drift hits both alike.
-      trials[variant].append(_trial(variant, directory, host, trainer, steps))
+  try:
+    for variant in VARIANTS:  # Warm-up: orbax's first save and restore of a process cost more.
+      runner.run(variant)
+    for _ in range(repeats):
+      for variant in VARIANTS:  # Alternating: the machine's drift hits both alike.
+        trials[variant].append(runner.run(variant))
+  finally:
+    runner.close()
+    for variant in VARIANTS:
+      shutil.rmtree(os.path.join(directory, variant), ignore_errors=True)
   first = trials["checksums"][0]
   lines: list[dict[str, Any]] = [
     {
