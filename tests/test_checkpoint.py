@@ -456,3 +456,36 @@ def test_checkpoint_cost_benchmark_prints_every_field(tmp_path):
     assert all(v[k] > 0 for k in ("save_call_s", "finalize_s", "save_total_s", "restore_s"))
   assert verify["verify_s"] > 0 and "added_finalize_s" in summary["summary"]
   assert os.listdir(tmp_path) == []  # Every trial's directory is removed.
+
+
+def test_library_failure_chatter_is_held_back_unless_debugging(monkeypatch):
+  import logging
+  import sys
+  import types
+
+  from absl import logging as absl_logging
+
+  def record(path, level, msg, name="absl"):
+    return logging.LogRecord(name, level, path, 1, msg, None, None)
+
+  quiet = ckpt_lib._QuietLibraryFailures()
+  orbax_file = "/site-packages/orbax/checkpoint/_src/futures/future.py"
+  assert not quiet.filter(record(orbax_file, logging.ERROR, "_SignalingThread.run() raised"))
+  assert quiet.filter(record(orbax_file, logging.WARNING, "a warning stays"))
+  assert quiet.filter(record("/vitboot_jax/main.py", logging.ERROR, "our own line"))
+  never = "Future exception was never retrieved"
+  assert not quiet.filter(record("/asyncio/base_events.py", logging.ERROR, never, "asyncio"))
+  seen = []
+  hook = ckpt_lib._quiet_unraisable_hook(seen.append)
+  closed = types.SimpleNamespace(
+    exc_value=RuntimeError("Event loop is closed"), exc_traceback=None, object=None
+  )
+  other = types.SimpleNamespace(exc_value=ValueError("ours"), exc_traceback=None, object=None)
+  hook(closed)
+  hook(other)
+  assert seen == [other]
+  monkeypatch.setattr(absl_logging, "level_debug", lambda: True)  # --verbosity=1 shows all.
+  assert quiet.filter(record(orbax_file, logging.ERROR, "_SignalingThread.run() raised"))
+  hook(closed)
+  assert seen == [other, closed]
+  assert sys.unraisablehook is not hook  # Building the hook installs nothing.
