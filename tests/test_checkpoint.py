@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vitboot_jax import checkpoint as ckpt_lib
-from vitboot_jax import workdir_claim
+from vitboot_jax import errors, workdir_claim
 
 
 @pytest.fixture(scope="module")
@@ -202,12 +202,28 @@ def test_step_without_commit_marker_is_moved_aside_and_saved_again(tmp_path, mes
   assert_same(restored, make_state(mesh, seed=30))
 
 
+def _data_files(step_dir):
+  return sorted(
+    (p for p in (step_dir / "default").rglob("*") if p.is_file() and "/d/" in str(p)),
+    key=lambda p: p.stat().st_size,
+  )
+
+
+def _overwrite_data(step_dir):
+  """Bit rot or a bad copy: bytes in the middle of the largest data file, its size unchanged."""
+  path = _data_files(step_dir)[-1]
+  data = bytearray(path.read_bytes())
+  middle = len(data) // 2
+  data[middle : middle + 64] = np.random.default_rng(0).integers(0, 256, 64, np.uint8).tobytes()
+  path.write_bytes(bytes(data))
+  return "fails its CRC32 check"
+
+
 def _truncate_data_files(step_dir):
-  data_dir = step_dir / "default" / "d"
-  for name in os.listdir(data_dir):
-    path = data_dir / name
+  for path in _data_files(step_dir):
     with open(path, "r+b") as f:
       f.truncate(os.path.getsize(path) // 2)
+  return "bytes where the save wrote"
 
 
 def _garble_metadata(step_dir):
@@ -215,31 +231,117 @@ def _garble_metadata(step_dir):
   data = bytearray(path.read_bytes())
   data[len(data) // 3 : len(data) // 3 + 8] = b"\xff" * 8
   path.write_bytes(bytes(data))
+  return "default/_METADATA fails its CRC32 check"
+
+
+def _remove_a_file(step_dir):
+  os.remove(_data_files(step_dir)[0])
+  return "is missing"
+
+
+_DAMAGES = [_overwrite_data, _truncate_data_files, _garble_metadata, _remove_a_file]
 
 
 # Orbax's abandoned readers of a failed restore raise "unraisable" errors when collected.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize("damage", [_truncate_data_files, _garble_metadata])
-def test_corrupt_newest_checkpoint_raises_and_keeps_files(tmp_path, mesh, damage):
+@pytest.mark.parametrize("damage", _DAMAGES)
+def test_damaged_newest_step_is_moved_aside_and_the_previous_one_restored(
+  tmp_path, mesh, damage, caplog
+):
   _save_steps(tmp_path, mesh, [10, 20])
   root = tmp_path / "checkpoints"
-  damage(root / "20")
-  before = snapshot(root)
+  assert (root / "20" / ckpt_lib.CHECKSUM_FILE).exists()
+  expected_cause = damage(root / "20")
+  damaged = snapshot(root / "20")
+  intact = snapshot(root / "10")
 
+  with caplog.at_level("WARNING"), ckpt_lib.Checkpointer(tmp_path, keep=2) as ckpt:
+    restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
+    assert step == 10 and ckpt.all_steps() == [10]
+    assert_same(restored, make_state(mesh, seed=10))
+    assert ckpt.save(20, make_state(mesh, seed=21), force=True)  # The resumed run saves it anew.
+  (moved,) = os.listdir(root / ckpt_lib.DAMAGED_SUBDIR)
+  assert moved.startswith("20-")
+  assert snapshot(root / ckpt_lib.DAMAGED_SUBDIR / moved) == damaged  # Moved, never changed.
+  assert snapshot(root / "10") == intact
+  (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert warning.startswith("Checkpoint step 20 is damaged (") and expected_cause in warning
+  assert str(root / ckpt_lib.DAMAGED_SUBDIR / moved) in warning and "\n" not in warning
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+    restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
+  assert step == 20
+  assert_same(restored, make_state(mesh, seed=21))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_every_step_damaged_is_one_error_naming_them_and_a_rerun_starts_afresh(tmp_path, mesh):
+  _save_steps(tmp_path, mesh, [10, 20])
+  root = tmp_path / "checkpoints"
+  _overwrite_data(root / "20")
+  _remove_a_file(root / "10")
+  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+    with pytest.raises(ckpt_lib.DamagedCheckpointsError) as info:
+      ckpt.restore_latest(abstract_of(make_state(mesh)))
+  message = str(info.value)
+  assert "\n" not in message and isinstance(info.value, errors.UsageError)  # main: exit 2.
+  assert f"No checkpoint in {root} is intact" in message
+  assert "step 20 (" in message and "step 10 (" in message and "is missing" in message
+  assert "Re-run the same command to train from step 0" in message
+  assert sorted(n.split("-")[0] for n in os.listdir(root / ckpt_lib.DAMAGED_SUBDIR)) == ["10", "20"]
+  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+    assert ckpt.restore_latest(abstract_of(make_state(mesh))) is None
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_read_only_reader_refuses_a_damaged_step_by_name_and_moves_nothing(tmp_path, mesh):
+  _save_steps(tmp_path, mesh, [10, 20])
+  root = tmp_path / "checkpoints"
+  _overwrite_data(root / "20")
+  before = snapshot(root)
+  with ckpt_lib.Checkpointer(tmp_path, read_only=True) as ckpt:
     with pytest.raises(ckpt_lib.CorruptCheckpointError) as info:
       ckpt.restore_latest(abstract_of(make_state(mesh)))
   message = str(info.value)
-  assert str(root / "20") in message
-  assert "previous checkpoint (step 10), delete the directory" in message
+  assert message.startswith(f"Checkpoint {root / '20'} (step 20) is damaged: default/")
+  assert "fails its CRC32 check" in message and "Nothing was changed" in message
+  assert f"Move it into {root / ckpt_lib.DAMAGED_SUBDIR}/ to use step 10" in message
+  assert "\n" not in message
   assert snapshot(root) == before
 
-  # The documented fix works: remove the damaged step and resume from the previous one.
-  shutil.rmtree(root / "20")
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+
+def test_checksums_cover_every_file_of_the_save(tmp_path, mesh):
+  _save_steps(tmp_path, mesh, [10])
+  step_dir = tmp_path / "checkpoints" / "10"
+  record = json.loads((step_dir / ckpt_lib.CHECKSUM_FILE).read_text())
+  written = {
+    str(p.relative_to(step_dir))
+    for p in (step_dir / "default").rglob("*")
+    if p.is_file() and p.name != ckpt_lib.COMMIT_MARKER  # The item's marker comes after.
+  }
+  assert set(record["files"]) == written and record["algorithm"] == "crc32"
+  assert ckpt_lib.verify(step_dir) is None
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("damage", [None, _truncate_data_files])
+def test_steps_saved_before_checksums_restore_unverified(tmp_path, mesh, damage, caplog):
+  """Workdirs of earlier versions: no record, no warning; files that fail to read are damage."""
+  _save_steps(tmp_path, mesh, [10, 20])
+  root = tmp_path / "checkpoints"
+  for step in ("10", "20"):
+    os.remove(root / step / ckpt_lib.CHECKSUM_FILE)
+  if damage:
+    damage(root / "20")
+  with caplog.at_level("WARNING"), ckpt_lib.Checkpointer(tmp_path) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
-  assert step == 10
-  assert_same(restored, make_state(mesh, seed=10))
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  if damage is None:
+    assert step == 20 and not warnings
+    assert_same(restored, make_state(mesh, seed=20))
+  else:
+    assert step == 10 and len(warnings) == 1
+    assert warnings[0].startswith("Checkpoint step 20 is damaged (")
+    assert os.listdir(root / ckpt_lib.DAMAGED_SUBDIR)[0].startswith("20-")
 
 
 def test_changed_state_is_a_mismatch_not_corruption(tmp_path, mesh):
@@ -338,3 +440,52 @@ def test_any_save_failure_is_one_checkpoint_save_error(tmp_path, mesh, monkeypat
   assert "\n" not in message
   assert f"Saving step 10 under {tmp_path / 'checkpoints'} failed: ValueError: NOT_FOUND" in message
   assert "newest complete checkpoint (step 5), which is intact" in message
+
+
+@pytest.mark.slow
+def test_checkpoint_cost_benchmark_prints_every_field(tmp_path):
+  from tests.config_files import load_config
+  from vitboot_jax.tools.perf import checkpoint_cost
+
+  lines = checkpoint_cost.measure(load_config("tiny_config", "mode=vit"), 1, 1, str(tmp_path))
+  assert [json.loads(json.dumps(line)) for line in lines] == lines  # Each prints as JSON.
+  head, *variants, verify, summary = lines
+  assert head["files"] > 1 and head["step_dir_bytes"] >= head["state_bytes"] // 2
+  assert [v["variant"] for v in variants] == list(checkpoint_cost.VARIANTS)
+  for v in variants:
+    assert all(v[k] > 0 for k in ("save_call_s", "finalize_s", "save_total_s", "restore_s"))
+  assert verify["verify_s"] > 0 and "added_finalize_s" in summary["summary"]
+  assert os.listdir(tmp_path) == []  # Every trial's directory is removed.
+
+
+def test_library_failure_chatter_is_held_back_unless_debugging(monkeypatch):
+  import logging
+  import sys
+  import types
+
+  from absl import logging as absl_logging
+
+  def record(path, level, msg, name="absl"):
+    return logging.LogRecord(name, level, path, 1, msg, None, None)
+
+  quiet = ckpt_lib._QuietLibraryFailures()
+  orbax_file = "/site-packages/orbax/checkpoint/_src/futures/future.py"
+  assert not quiet.filter(record(orbax_file, logging.ERROR, "_SignalingThread.run() raised"))
+  assert quiet.filter(record(orbax_file, logging.WARNING, "a warning stays"))
+  assert quiet.filter(record("/vitboot_jax/main.py", logging.ERROR, "our own line"))
+  never = "Future exception was never retrieved"
+  assert not quiet.filter(record("/asyncio/base_events.py", logging.ERROR, never, "asyncio"))
+  seen = []
+  hook = ckpt_lib._quiet_unraisable_hook(seen.append)
+  closed = types.SimpleNamespace(
+    exc_value=RuntimeError("Event loop is closed"), exc_traceback=None, object=None
+  )
+  other = types.SimpleNamespace(exc_value=ValueError("ours"), exc_traceback=None, object=None)
+  hook(closed)
+  hook(other)
+  assert seen == [other]
+  monkeypatch.setattr(absl_logging, "level_debug", lambda: True)  # --verbosity=1 shows all.
+  assert quiet.filter(record(orbax_file, logging.ERROR, "_SignalingThread.run() raised"))
+  hook(closed)
+  assert seen == [other, closed]
+  assert sys.unraisablehook is not hook  # Building the hook installs nothing.

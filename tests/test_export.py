@@ -198,20 +198,61 @@ def test_bad_arguments_are_refused_before_reading(tmp_path):
     export.export(str(tmp_path), "timm", str(tmp_path / "vit.safetensors"))
 
 
+def _overwrite_largest_data_file(step_dir):
+  """Bit rot: bytes in the middle of the step's largest data file, its size unchanged."""
+  files = [p for p in step_dir.rglob("*") if p.is_file() and "/d/" in str(p)]
+  path = max(files, key=lambda p: p.stat().st_size)
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2 : len(data) // 2 + 16] = bytes(255 - b for b in data[len(data) // 2 :][:16])
+  path.write_bytes(bytes(data))
+
+
+def test_relative_workdir_and_a_damaged_step_refused_by_name(tmp_path, monkeypatch):
+  _, saved, _ = _run(tmp_path, "mode=vit", steps=(2, 4))
+  monkeypatch.chdir(tmp_path)  # README's form: `--workdir=workdirs/run --output=vit.safetensors`.
+  assert export.export("run", "timm", "vit.safetensors")["source"]["step"] == 4
+  _assert_trees_equal(init_from.read_vit_params("vit.safetensors"), saved[4][0]["vit"])
+  _assert_trees_equal(init_from.read_vit_params("run"), saved[4][0]["vit"])  # init_from=RUN.
+  root = tmp_path / "run" / "checkpoints"
+  _overwrite_largest_data_file(root / "4")
+  for read in (
+    lambda: export.export("run", "timm", "x.safetensors"),
+    lambda: init_from.read_vit_params("run/checkpoints"),
+  ):
+    with pytest.raises(checkpoint.CorruptCheckpointError) as info:
+      read()
+    message = str(info.value)
+    assert isinstance(info.value, errors.UsageError) and "\n" not in message  # Exit 2.
+    assert message.startswith(f"Checkpoint {root / '4'} (step 4) is damaged: default/")
+    assert "fails its CRC32 check" in message and "to use step 2" in message
+  assert not (tmp_path / "x.safetensors").exists() and sorted(os.listdir(root)) == ["2", "4"]
+  assert export.export("run", "timm", "old.safetensors", step=2)["source"]["step"] == 2
+
+
 @pytest.mark.slow
 def test_command_line_writes_and_refuses_with_exit_2(tmp_path):
   _, _, good = _run(tmp_path, "mode=vit", name="good")
   _, _, sparse = _run(tmp_path, "mode=vit,attention=entmax", name="sparse")
+  _, _, damaged = _run(tmp_path, "mode=vit", name="damaged")
+  _overwrite_largest_data_file(tmp_path / "damaged" / "checkpoints" / "3")
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
   tool = lambda *args: subprocess.run(
     [sys.executable, "-m", "vitboot_jax.tools.export", *args],
-    env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+    env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, cwd=elsewhere,
   )  # fmt: skip
-  done = tool(f"--workdir={good}", f"--output={tmp_path}/vit.safetensors")
+  done = tool("--workdir=../good", "--format=timm", "--output=vit.safetensors")  # Relative paths.
   assert done.returncode == 0, done.stderr
   assert "wrote vit.safetensors and vit.json (step 3)" in done.stdout
+  assert (elsewhere / "vit.safetensors").exists()
   refused = tool(f"--workdir={sparse}", "--format=official", f"--output={tmp_path}/s.safetensors")
   assert refused.returncode == 2, refused.stderr
   assert refused.stderr.strip().splitlines()[-1].startswith("error: config.model.attention=")
+  refused = tool(f"--workdir={damaged}", f"--output={tmp_path}/d.safetensors")
+  assert refused.returncode == 2, refused.stderr
+  errors_ = [line for line in refused.stderr.splitlines() if line.startswith(("error", "E1", "E0"))]
+  assert len(errors_) == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+  assert errors_[0].startswith(f"error: Checkpoint {damaged}/checkpoints/3 (step 3) is damaged")
 
 
 def _reference_keys(title):

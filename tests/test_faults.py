@@ -7,6 +7,7 @@ with the uninterrupted run of the same config (conftest's `uninterrupted`).
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -248,13 +249,12 @@ def test_unreadable_image_is_named(image_folder, tmp_path, damage):
   assert ("0 bytes" if damage == "empty" else "Invalid PNG data") in message
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-  """A 3 MB tmpfs (needs root, as on our VMs and CI); skipped where mounting is not allowed."""
-  mount_point = tmp_path / "disk"
+def _tmpfs(mount_point, size):
+  """A tmpfs of `size` at `mount_point` (needs root, as on our VMs and CI), unmounted after the
+  test; skips the test where mounting is not allowed."""
   mount_point.mkdir()
   mounted = subprocess.run(
-    ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)], capture_output=True
+    ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True
   )
   if mounted.returncode != 0:
     pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
@@ -262,6 +262,18 @@ def small_disk(tmp_path):
     yield mount_point
   finally:
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 3 MB disk."""
+  yield from _tmpfs(tmp_path / "disk", "3m")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+  """A 400 KB disk: too small for one checkpoint of the tiny config (about 600 KB)."""
+  yield from _tmpfs(tmp_path / "tiny_disk", "400k")
 
 
 # Orbax logs the failed background write itself; the error below is what the user acts on.
@@ -286,6 +298,100 @@ def test_full_disk_save_fails_clearly_and_keeps_the_older_checkpoint(small_disk)
     restored, step = ckpt.restore_latest(abstract)
   assert step == 1
   np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(state["w"]))
+
+
+@pytest.mark.slow
+def test_a_failed_save_is_one_line_from_main(image_folder, tiny_disk):
+  """Orbax, tensorstore and asyncio log a failed background write hundreds of lines deep; the
+  user sees our line alone, and the exit code of a failed save (1)."""
+  proc = subprocess.run(
+    command(tiny_disk / "run", image_folder), env=env(1), capture_output=True, text=True
+  )
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  log = proc.stderr
+  assert "Traceback" not in log and "never retrieved" not in log, log[-3000:]
+  errors = [line for line in log.splitlines() if not line.startswith(("I1", "I0"))]
+  assert len(errors) == 1 and log.rstrip().endswith(errors[0]), log[-3000:]
+  # The background write of step 4 fails; whichever call learns of it first names it.
+  assert re.search(r"Saving (a checkpoint|step \d+) under .*/run/checkpoints failed", errors[0])
+  assert "No space left on device" in errors[0] and "Free disk space" in errors[0]
+
+
+def _overwrite_4k_of_the_largest_data_file(step_dir):
+  """Bit rot or a bad copy, as a user met it: 4 KiB of random bytes mid-file, the size unchanged."""
+  files = [p for p in (step_dir / "default").rglob("*") if p.is_file() and "/d/" in str(p)]
+  path = max(files, key=lambda p: p.stat().st_size)
+  data = bytearray(path.read_bytes())
+  middle = len(data) // 2
+  data[middle : middle + 4096] = np.random.default_rng(5).bytes(len(data[middle : middle + 4096]))
+  path.write_bytes(bytes(data))
+
+
+def _garble_metadata(step_dir):
+  path = step_dir / "default" / "_METADATA"
+  path.write_bytes(path.read_bytes().replace(b'"', b"'", 3))
+
+
+def _truncate_a_file(step_dir):
+  path = next(p for p in (step_dir / "default").rglob("*") if p.is_file() and "/d/" in str(p))
+  with open(path, "r+b") as f:
+    f.truncate(path.stat().st_size // 2)
+
+
+def _remove_a_file(step_dir):
+  next(p for p in (step_dir / "default").rglob("*") if p.is_file() and "/d/" in str(p)).unlink()
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(
+  uninterrupted, image_folder, tmp_path
+):
+  """The issue's case: SIGTERM after a save, 4 KiB of the newest step overwritten, the same
+  command re-run. It sets the step aside with one warning and ends as if never interrupted."""
+  import shutil
+
+  workdir = tmp_path / "rotted"
+  watched = _WatchedRun(workdir, image_folder, _after_step(9), sig=signal.SIGTERM)
+  assert watched.wait() == 128 + signal.SIGTERM, "".join(watched.log)[-3000:]
+  root = workdir / "checkpoints"
+  steps = sorted(int(n) for n in os.listdir(root) if n.isdigit())
+  assert len(steps) == 3, steps  # 4, 8 and the step it stopped at.
+  shutil.copytree(workdir, tmp_path / "all_damaged")  # For the test below, damaged otherwise.
+  _overwrite_4k_of_the_largest_data_file(root / str(steps[-1]))
+
+  proc = run(workdir, image_folder)
+  assert "Traceback" not in proc.stderr
+  (warning,) = [line for line in proc.stderr.splitlines() if " is damaged (" in line]
+  assert warning.startswith("W") and f"Checkpoint step {steps[-1]} is damaged (" in warning
+  assert "fails its CRC32 check" in warning and str(root / "damaged" / f"{steps[-1]}-") in warning
+  assert f"Resuming from the checkpoint of step {steps[-2]}" in proc.stderr
+  _assert_same_run(workdir, uninterrupted)
+  assert [n.split("-")[0] for n in os.listdir(root / "damaged")] == [str(steps[-1])]
+
+  # Every step damaged, each in another way, and config.json lost too.
+  workdir = tmp_path / "all_damaged"
+  root = workdir / "checkpoints"
+  for step, damage in zip(steps, (_garble_metadata, _truncate_a_file, _remove_a_file)):
+    damage(root / str(step))
+  (workdir / "config.json").unlink()
+  before = {n: sorted(os.listdir(root / n)) for n in os.listdir(root)}
+  refused = subprocess.run(
+    command(workdir, image_folder), env=env(1), capture_output=True, text=True
+  )
+  assert refused.returncode == 2, refused.stderr[-3000:]
+  line = _refusal(refused)
+  assert "holds a saved run but no config.json" in line and "--adopt_config" in line
+  assert {n: sorted(os.listdir(root / n)) for n in os.listdir(root)} == before  # Untouched.
+  adopted = subprocess.run(
+    command(workdir, image_folder, "--adopt_config"), env=env(1), capture_output=True, text=True
+  )
+  assert adopted.returncode == 2, adopted.stderr[-3000:]
+  line = _refusal(adopted)
+  assert f"No checkpoint in {root} is intact" in line
+  assert all(f"step {s} (" in line for s in steps), line
+  assert "Re-run the same command to train from step 0" in line
+  assert sorted(n.split("-")[0] for n in os.listdir(root / "damaged")) == sorted(map(str, steps))
+  assert not [n for n in os.listdir(root) if n.isdigit()]
 
 
 @pytest.mark.slow

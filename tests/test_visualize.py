@@ -305,6 +305,32 @@ def test_loads_the_newest_checkpoint_of_a_run(trained_run, tmp_path, fresh):
 
 
 @pytest.mark.slow
+def test_a_relative_workdir_reads_and_a_damaged_step_is_refused_by_name(
+  trained_run, tmp_path, monkeypatch
+):
+  import shutil
+
+  from vitboot_jax import checkpoint
+
+  shutil.copytree(trained_run[1], tmp_path / "run")
+  monkeypatch.chdir(tmp_path)
+  assert visualize.run(None, "figures", workdir="run", num_images=1).step == 2
+  step_dir = tmp_path / "run" / "checkpoints" / "2"
+  data = max(
+    (p for p in step_dir.rglob("*") if p.is_file() and "/d/" in str(p)),
+    key=lambda p: p.stat().st_size,
+  )
+  data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])  # A truncated copy.
+  with pytest.raises(checkpoint.CorruptCheckpointError) as info:
+    visualize.run(None, "figures", workdir="run", num_images=1)
+  message = str(info.value)
+  assert isinstance(info.value, errors.UsageError) and "\n" not in message  # Exit 2.
+  assert message.startswith(f"Checkpoint {step_dir} (step 2) is damaged: default/")
+  assert "where the save wrote" in message and "It is the only checkpoint" in message
+  assert sorted(os.listdir(step_dir.parent)) == ["2"]  # Nothing moved.
+
+
+@pytest.mark.slow
 def test_command_line_on_a_checkpoint(trained_run):
   """The run's own config and newest checkpoint, figures into RUN/figures. One device here (the
   run had 8): the restore must not depend on the saving mesh."""

@@ -63,6 +63,20 @@ def test_finished_run_refuses_another_config_and_returns_its_results(tmp_path):
     workdirs.check(tmp_path, _config(num_epochs=6))
 
 
+@pytest.mark.parametrize("finished", [False, True])
+def test_checkpoints_without_config_json_are_refused_unless_adopted(tmp_path, finished):
+  _write_run(tmp_path, _config(num_epochs=5), checkpoint_step=30, finished=finished)
+  (tmp_path / workdirs.CONFIG_FILE).unlink()
+  with pytest.raises(errors.WorkdirError) as info:
+    workdirs.check(tmp_path, _config(num_epochs=6))
+  message = str(info.value)
+  assert f"--workdir={tmp_path} holds a {'finished' if finished else 'saved'} run" in message
+  assert "no config.json" in message and "--adopt_config" in message and "\n" not in message
+  adopted = workdirs.check(tmp_path, _config(num_epochs=6), adopt_config=True)
+  assert (adopted is not None) == finished
+  assert not (tmp_path / workdirs.CONFIG_FILE).exists()  # The run writes it; the check writes none.
+
+
 def test_changed_fields_name_each_leaf_with_both_values(tmp_path):
   saved = _config(num_epochs=5, mode="shared")
   saved.optim.lr = 0.001

@@ -20,21 +20,36 @@ error) raises `CheckpointSaveError`: one line naming the directory, the cause, t
 newest complete step, which is left intact. A background write's failure is raised at the next
 `should_save` (called every step), not only at the next save.
 
-Corruption. A complete step whose files cannot be read (truncated, garbled) is not skipped
-silently: restoring an older step would quietly lose training. `restore_latest` raises
-`CorruptCheckpointError` naming the directory to delete to fall back to the previous step. That
-advice is given only when the files fail to read back on their own; a changed model or config
-raises `CheckpointMismatchError`, and a bad requested sharding a plain `CheckpointError`.
+Integrity. Before the commit marker is written, process 0 records the size and CRC32 of every file
+the save wrote in `<step>/checksums.json` (in orbax's background finalisation, so the training
+loop never waits for it). Restoring verifies them first: bit rot, a bad copy, a truncated or a
+missing file is found before a single array is used. A step that fails verification, or that
+fails to read back on its own terms, is damaged: `restore_latest` moves it to
+`checkpoints/damaged/<step>-<UTC time>` (never deleted) with one warning and falls back to the
+next older step; if none is intact it raises `DamagedCheckpointsError` (exit 2) naming them all.
+Read-only readers (the tools, `init_from`) move nothing and refuse a damaged step by name. Steps
+written before checksums existed have no record: they restore unverified, as they always did.
+A changed model or config raises `CheckpointMismatchError` and a bad requested sharding a plain
+`CheckpointError`: those files are intact and never moved.
+
+Output. Orbax, tensorstore and asyncio log a failed save or restore several times over (hundreds
+of lines of background tracebacks); the error raised here says it in one line, so their ERROR
+records are shown only at debug verbosity (`--verbosity=1`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import errno
+import json
+import logging as logging_lib
 import os
 import re
+import sys
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,7 +60,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vitboot_jax import sharding, workdir_claim
+from vitboot_jax import errors, sharding, workdir_claim
 from vitboot_jax.workdirs import CHECKPOINT_SUBDIR, COMMIT_MARKER
 
 PyTree = Any
@@ -55,16 +70,35 @@ PyTree = Any
 _TMP_TAG = ".orbax-checkpoint-tmp"
 # Where step directories of saves that never finished are moved, out of orbax's sight.
 INCOMPLETE_SUBDIR = "incomplete"
+# Where damaged steps are moved, out of orbax's sight (never deleted).
+DAMAGED_SUBDIR = "damaged"
+# The size and CRC32 of every file of a step, written before its commit marker.
+CHECKSUM_FILE = "checksums.json"
 # The item name orbax gives a single unnamed item (the step's `default/` subdirectory).
 _ITEM = "default"
+# zlib.crc32 releases the GIL on large buffers: files are checked in parallel, in 8 MiB reads.
+_READ_BYTES = 8 << 20
+_CHECK_THREADS = 8
 
 
 class CheckpointError(RuntimeError):
   """A checkpoint exists but cannot be used as it is; the message gives the fix."""
 
 
-class CorruptCheckpointError(CheckpointError):
-  """A complete checkpoint whose files cannot be read."""
+class CorruptCheckpointError(CheckpointError, errors.UsageError):
+  """A complete checkpoint whose files fail their checksums or cannot be read (exit 2).
+
+  `step` and `cause` say which step and what failed, for a caller that falls back.
+  """
+
+  def __init__(self, message: str, step: int | None = None, cause: str = ""):
+    super().__init__(message)
+    self.step = step
+    self.cause = cause
+
+
+class DamagedCheckpointsError(CorruptCheckpointError):
+  """Every complete checkpoint was damaged; all were moved to `checkpoints/damaged/`."""
 
 
 class CheckpointMismatchError(CheckpointError):
@@ -109,6 +143,23 @@ class _CommittedStepsFormat:
 
 def _has_marker(step_dir: epath.PathLike) -> bool:
   return (epath.Path(step_dir) / COMMIT_MARKER).exists()
+
+
+class _ChecksummedHandler(ocp.StandardCheckpointHandler):
+  """Orbax's handler, recording every file's checksum once the item's files are final.
+
+  Orbax calls `finalize` on process 0 only, after every process's writes have finished and
+  before the commit marker: in the background thread of an asynchronous save.
+  """
+
+  def finalize(self, directory: epath.Path) -> None:
+    super().finalize(directory)  # Merges the per-process databases: the last write of the item.
+    directory = epath.Path(directory)
+    # `directory` may still carry orbax's temporary name; it becomes `<step>/default`.
+    files = {f"{_ITEM}/{name}": _size_and_crc(directory / name) for name in _files_in(directory)}
+    record = {"algorithm": "crc32", "files": {k: list(v) for k, v in sorted(files.items())}}
+    # Before the commit marker: a kill here leaves an incomplete step, which is set aside.
+    (directory.parent / CHECKSUM_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
 class Checkpointer:
@@ -158,7 +209,8 @@ class Checkpointer:
     # Registered up front so a fresh manager can read a step's metadata before any restore.
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
     for args_type in (ocp.args.StandardSave, ocp.args.StandardRestore):
-      registry.add(_ITEM, args_type, ocp.StandardCheckpointHandler)
+      registry.add(_ITEM, args_type, _ChecksummedHandler)
+    quiet_library_failures()
     self._manager = ocp.CheckpointManager(
       self._directory,
       options=ocp.CheckpointManagerOptions(
@@ -258,30 +310,82 @@ class Checkpointer:
       step: A complete step.
 
     Raises:
+      CorruptCheckpointError: The step fails its checksums, or its files cannot be read.
       CheckpointMismatchError: The checkpoint is readable but its tree or shapes differ.
-      CorruptCheckpointError: Anything else keeps the checkpoint from being read.
+      CheckpointError: The files are intact but cannot be restored as requested.
     """
     step = int(step)
+    problem = None
+    if jax.process_index() == 0:
+      problem = verify(self.step_dir(step))
+    if _any_process(problem is not None) and problem is None:
+      problem = "process 0 found its files damaged"
+    if problem is not None:
+      raise self._corrupt(step, problem)
     try:
       return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
     except Exception as error:  # Any failure: classify it and say what to do.
       raise self._explain_failure(step, abstract_state, error) from error
 
   def restore_latest(self, abstract_state: PyTree) -> tuple[PyTree, int] | None:
-    """Restores the newest complete checkpoint as `(state, step)`, or returns None if none.
+    """Restores the newest intact checkpoint as `(state, step)`, or returns None if none exists.
 
-    Never falls back to an older step by itself: see the module docstring.
+    A damaged step is moved to `damaged/` with a warning and the next older one is tried; a
+    read-only Checkpointer refuses it instead (CorruptCheckpointError), moving nothing.
+
+    Raises:
+      DamagedCheckpointsError: Checkpoints existed but every one was damaged (all moved aside).
     """
     self.wait()
-    step = self.latest_step()
+    damaged: list[str] = []
+    while True:
+      step = self.latest_step()
+      if jax.process_count() > 1:
+        # All hosts must read the same step even if their views of the directory differ.
+        agreed = multihost_utils.broadcast_one_to_all(np.int64(-1 if step is None else step))
+        step = None if int(agreed) < 0 else int(agreed)
+      if step is None:
+        break
+      logging.info("Restoring checkpoint %s.", self.step_dir(step))
+      try:
+        restored, problem = self.restore(abstract_state, step), None
+      except CorruptCheckpointError as error:
+        if self._read_only:
+          raise
+        restored, problem = None, error.cause
+      if _any_process(problem is not None) and problem is None:
+        problem = "another process could not read its files"
+      if problem is None:
+        return restored, step
+      damaged.append(f"step {step} ({problem})")
+      self._set_aside_damaged(step, problem)
+    if damaged:
+      raise DamagedCheckpointsError(
+        f"No checkpoint in {self._directory} is intact, so none was restored: "
+        f"{'; '.join(damaged)}. All were moved into {self._directory / DAMAGED_SUBDIR}, nothing "
+        "was deleted. Re-run the same command to train from step 0, or copy an intact backup "
+        f"of a step into {self._directory} first to resume from it."
+      )
+    return None
+
+  def _set_aside_damaged(self, step: int, problem: str) -> None:
+    """Moves a damaged step to `damaged/`, out of orbax's sight, and tells orbax it is gone."""
+    source = self.step_dir(step)
+    target = self._directory / DAMAGED_SUBDIR / f"{source.name}-{_utc_stamp()}"
+    if jax.process_index() == 0:
+      target.parent.mkdir(parents=True, exist_ok=True)
+      source.rename(target)
+      logging.warning(
+        "Checkpoint step %d is damaged (%s): moved %s to %s and falling back to the previous "
+        "step. Delete it once you no longer need it.",
+        step,
+        problem,
+        source,
+        target,
+      )
     if jax.process_count() > 1:
-      # All hosts must read the same step even if their views of the directory differ.
-      agreed = multihost_utils.broadcast_one_to_all(np.int64(-1 if step is None else step))
-      step = None if int(agreed) < 0 else int(agreed)
-    if step is None:
-      return None
-    logging.info("Restoring checkpoint %s.", self.step_dir(step))
-    return self.restore(abstract_state, step), step
+      sharding.barrier(f"checkpoint.set_aside_damaged.{step}")
+    self._manager.reload()
 
   def wait(self) -> None:
     """Blocks until any asynchronous save has been committed (and re-raises its error)."""
@@ -337,7 +441,7 @@ class Checkpointer:
         busy = True
         logging.warning("Not moving incomplete saves aside: %s", error)
     if jax.process_index() == 0 and self._directory.exists() and not busy:
-      stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+      stamp = _utc_stamp()
       for entry in sorted(self._directory.iterdir()):
         name = entry.name
         unfinished_tmp = _TMP_TAG in name
@@ -403,17 +507,7 @@ class Checkpointer:
     return getattr(metadata, "tree", metadata)
 
   def _corrupt(self, step: int, cause: str) -> CorruptCheckpointError:
-    step_dir = self.step_dir(step)
-    older = [s for s in self.all_steps() if s < step]
-    if older:
-      fallback = f"To resume from the previous checkpoint (step {older[-1]})"
-    else:
-      fallback = "To start training from scratch (there is no older checkpoint)"
-    return CorruptCheckpointError(
-      f"Checkpoint {step_dir} (step {step}) is complete but cannot be read: its files are "
-      "damaged (e.g. truncated by a full disk or an interrupted copy). Nothing was deleted. "
-      f"{fallback}, delete the directory {step_dir} and restart. Cause: {cause}"
-    )
+    return damaged_step_error(self.step_dir(step), cause, self.all_steps())
 
 
 def complete_steps(directory: epath.PathLike) -> list[int]:
@@ -425,28 +519,192 @@ def complete_steps(directory: epath.PathLike) -> list[int]:
   return sorted(int(d.name) for d in directory.iterdir() if d.name.isdigit() and _has_marker(d))
 
 
+def absolute(path: epath.PathLike) -> epath.Path:
+  """`path` with a relative local path made absolute (orbax refuses relative ones); a URL such
+  as gs://... is already absolute. Call it once, where a user's path enters."""
+  path = epath.Path(path)
+  return path if path.is_absolute() else path.absolute()
+
+
 def stored_tree(step_dir: epath.PathLike) -> PyTree:
-  """The tree of one complete step directory, with metadata leaves (shape, dtype); reads only."""
+  """The tree of one complete step directory, with metadata leaves (shape, dtype); reads only.
+
+  Verifies the step's checksums first. Raises CorruptCheckpointError naming the step.
+  """
+  step_dir = epath.Path(step_dir)
+  problem = verify(step_dir)
+  if problem is not None:
+    raise damaged_step_error(step_dir, problem, complete_steps(step_dir.parent))
+  quiet_library_failures()
   handler = ocp.PyTreeCheckpointHandler()
   try:
-    return handler.metadata(epath.Path(step_dir) / _ITEM).tree
+    return handler.metadata(step_dir / _ITEM).tree
+  except Exception as error:  # Verified (or older than checksums) yet unreadable: damaged.
+    cause = _first_line(error)
+    raise damaged_step_error(step_dir, cause, complete_steps(step_dir.parent)) from error
   finally:
     handler.close()
 
 
 def read_on_host(step_dir: epath.PathLike, wanted: PyTree) -> PyTree:
-  """The arrays of `wanted` (a subtree of `stored_tree(step_dir)`) as numpy, on the host; the
-  rest (e.g. the optimizer state) is not read. Reads only."""
+  """The arrays of `wanted` (a subtree of `stored_tree(step_dir)`, which verified the step) as
+  numpy, on the host; the rest (e.g. the optimizer state) is not read. Reads only."""
+  step_dir = epath.Path(step_dir)
   handler = ocp.PyTreeCheckpointHandler()
   try:
     target = jax.tree.map(lambda m: np.empty(m.shape, m.dtype), wanted)
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
     return handler.restore(
-      epath.Path(step_dir) / _ITEM,
+      step_dir / _ITEM,
       args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
     )
+  except Exception as error:  # The tree came from the step itself: a failure is damage.
+    cause = _first_line(error)
+    raise damaged_step_error(step_dir, cause, complete_steps(step_dir.parent)) from error
   finally:
     handler.close()
+
+
+def damaged_step_error(
+  step_dir: epath.PathLike, cause: str, steps: list[int]
+) -> CorruptCheckpointError:
+  """The one-line refusal of a damaged step; `steps` are the complete steps beside it."""
+  step_dir = epath.Path(step_dir)
+  step = int(step_dir.name)
+  older = [s for s in steps if s < step]
+  target = step_dir.parent / DAMAGED_SUBDIR
+  if older:
+    fix = (
+      f"Move it into {target}/ to use step {older[-1]}, the next older checkpoint (a training "
+      "run of this workdir does that by itself when it resumes), or restore it from a copy"
+    )
+  else:
+    fix = "It is the only checkpoint: restore it from a copy, or train afresh"
+  return CorruptCheckpointError(
+    f"Checkpoint {step_dir} (step {step}) is damaged: {cause}. Nothing was changed. {fix}.",
+    step=step,
+    cause=cause,
+  )
+
+
+def verify(step_dir: epath.PathLike) -> str | None:
+  """What is wrong with a complete step's files, or None when they match the sizes and CRC32s
+  recorded at save time (or the step predates checksums: then there is nothing to check)."""
+  step_dir = epath.Path(step_dir)
+  record_path = step_dir / CHECKSUM_FILE
+  if not record_path.exists():
+    logging.info(
+      "Checkpoint %s has no %s (saved by an older version): unverified.", step_dir, CHECKSUM_FILE
+    )
+    return None
+  try:
+    files = {
+      str(name): (int(size), int(crc))
+      for name, (size, crc) in json.loads(record_path.read_text())["files"].items()
+    }
+  except Exception as error:  # Garbled JSON, a wrong shape: the record itself is damaged.
+    return f"its {CHECKSUM_FILE} is unreadable ({_first_line(error)})"
+
+  def check(name: str) -> str | None:
+    want_size, want_crc = files[name]
+    try:
+      size, crc = _size_and_crc(step_dir / name)
+    except FileNotFoundError:
+      return f"{name} is missing"
+    except OSError as error:
+      return f"{name} cannot be read ({_first_line(error)})"
+    if size != want_size:
+      return f"{name} has {size} bytes where the save wrote {want_size} (truncated or replaced)"
+    if crc != want_crc:
+      return f"{name} fails its CRC32 check (its bytes changed after the save)"
+    return None
+
+  with concurrent.futures.ThreadPoolExecutor(_CHECK_THREADS) as pool:
+    problems = [p for p in pool.map(check, sorted(files)) if p is not None]
+  if not problems:
+    return None
+  more = f"; {len(problems) - 1} more file(s) fail too" if len(problems) > 1 else ""
+  return problems[0] + more
+
+
+def _size_and_crc(path: epath.Path) -> tuple[int, int]:
+  size, crc = 0, 0
+  with path.open("rb") as f:
+    while chunk := f.read(_READ_BYTES):
+      size, crc = size + len(chunk), zlib.crc32(chunk, crc)
+  return size, crc
+
+
+def _files_in(directory: epath.Path) -> list[str]:
+  """Every file under `directory`, as paths relative to it."""
+  if "://" not in os.fspath(directory):  # os.walk: one listing per directory, no stat per file.
+    return sorted(
+      os.path.relpath(os.path.join(root, name), directory)
+      for root, _, names in os.walk(directory)
+      for name in names
+    )
+  return sorted(str(p.relative_to(directory)) for p in directory.glob("**/*") if p.is_file())
+
+
+def _any_process(flag: bool) -> bool:
+  """Whether `flag` holds on any process (every process must call it)."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+
+
+def _utc_stamp() -> str:
+  return time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+
+
+class _QuietLibraryFailures(logging_lib.Filter):
+  """Drops orbax's ERROR records and asyncio's unretrieved-future reports unless absl logs at
+  debug level: every failure they report reaches us as an exception, said in one line."""
+
+  def filter(self, record: logging_lib.LogRecord) -> bool:
+    if record.levelno < logging_lib.ERROR or logging.level_debug():
+      return True
+    if "/orbax/" in record.pathname.replace(os.sep, "/"):
+      return False
+    return not (record.name == "asyncio" and "exception was never retrieved" in str(record.msg))
+
+
+def quiet_library_failures() -> None:
+  """Installs the filter above on absl's handler and the hook below (once each); the
+  Checkpointer and the readers call it."""
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _QuietLibraryFailures) for f in handler.filters):
+    handler.addFilter(_QuietLibraryFailures())
+  if not getattr(sys.unraisablehook, "_vitboot_quiet", False):
+    sys.unraisablehook = _quiet_unraisable_hook(sys.unraisablehook)
+
+
+def _quiet_unraisable_hook(previous: Any) -> Any:
+  """A failed save or restore abandons orbax's pending reads and writes: when collected (often at
+  exit) each prints a traceback, dozens per failure, as does every read that finds its event loop
+  closed. Those go to debug level; anything else to `previous`."""
+
+  def hook(unraisable: Any) -> None:
+    value = unraisable.exc_value
+    closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+    if (closed_loop or _raised_in_orbax(unraisable)) and not logging.level_debug():
+      return
+    previous(unraisable)
+
+  hook._vitboot_quiet = True
+  return hook
+
+
+def _raised_in_orbax(unraisable: Any) -> bool:
+  code = getattr(unraisable.object, "cr_code", None)  # An abandoned coroutine of orbax's.
+  if code is not None and "/orbax/" in code.co_filename.replace(os.sep, "/"):
+    return True
+  tb = unraisable.exc_traceback
+  while tb is not None:
+    if "/orbax/" in tb.tb_frame.f_code.co_filename.replace(os.sep, "/"):
+      return True
+    tb = tb.tb_next
+  return False
 
 
 _WRITE_FIX = {

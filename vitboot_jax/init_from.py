@@ -93,8 +93,9 @@ def _orbax_step_dir(path: epath.Path) -> epath.Path:
 
 
 def read_orbax_vit(path: str) -> dict[str, Any]:
-  """The ViT parameters (numpy) of our newest complete checkpoint under `path`."""
-  step_dir = _orbax_step_dir(epath.Path(path))
+  """The ViT parameters (numpy) of our newest complete checkpoint under `path`; a damaged step
+  (its files fail the checksums of its save) is refused by name, never replaced by an older one."""
+  step_dir = _orbax_step_dir(checkpoint.absolute(path))  # Orbax reads absolute paths only.
   stored = checkpoint.stored_tree(step_dir)
   vit = stored.get("params", {}).get("vit") if isinstance(stored, dict) else None
   if vit is None:

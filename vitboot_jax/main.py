@@ -3,7 +3,10 @@ r"""Trains a config: `python -m vitboot_jax.main --config=CONFIG[:ARGS] --workdi
 Overrides: `--config.batch_size=128 --config.data.dir=/data/cifar10`; every field of a config:
 `--config=CONFIG --print_config`. Re-running the same command resumes from the newest complete
 checkpoint in DIR; a finished run exits at once; another config in DIR is refused, and so are a
-second run while one holds DIR (DIR/claim.json) and a resume on changed data (DIR/data.json).
+second run while one holds DIR (DIR/claim.json), a resume on changed data (DIR/data.json) and
+checkpoints without DIR/config.json (--adopt_config declares the command's config theirs). A
+damaged checkpoint (its files fail the checksums of the save) is moved to DIR/checkpoints/damaged/
+and the run resumes from the newest intact one.
 
 Data: a tfds dataset is downloaded and prepared on first use into config.data.dir or tfds' default
 directory ($TFDS_DATA_DIR, else ~/tensorflow_datasets); an image folder is
@@ -40,6 +43,11 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
 _PRINT_CONFIG = flags.DEFINE_bool(
   "print_config", False, "Print every field of the config (overrides applied) and exit."
+)
+_ADOPT_CONFIG = flags.DEFINE_bool(
+  "adopt_config",
+  False,
+  "The workdir holds checkpoints but no config.json: record this command's config as theirs.",
 )
 _DISTRIBUTED = flags.DEFINE_bool(
   "distributed", None, "Call jax.distributed.initialize(); default: on under SLURM/TPU pods."
@@ -97,7 +105,10 @@ def main(argv):
   split = None
   try:
     single_process = not _is_multi_process()
-    if startup.check(config, _WORKDIR.value, single_process=single_process) is not None:
+    checked = startup.check(
+      config, _WORKDIR.value, single_process=single_process, adopt_config=_ADOPT_CONFIG.value
+    )
+    if checked is not None:
       return  # A finished run of this config: its results are logged.
     if single_process:
       split = cpu_devices.split_host_for(config, requested=_CPU_DEVICES.value)

@@ -24,8 +24,11 @@ def check(
   *,
   single_process: bool,
   num_devices: int | None = None,
+  adopt_config: bool = False,
 ) -> dict[str, Any] | None:
   """Validates `config`, checks `workdir` (free, this config's) and ensures the data.
+
+  `adopt_config`: `workdir` holds checkpoints without config.json and `config` is declared theirs.
 
   Returns final.json's metrics when `workdir` holds this config's finished run (its results are
   logged: nothing is left to do), else None. Only a single process may download the data.
@@ -34,7 +37,7 @@ def check(
     errors.UsageError: what the user must change, named with the fix.
   """
   configlib.validate(config, num_devices=num_devices)
-  final = workdirs.check(workdir, config, single_process=single_process)
+  final = workdirs.check(workdir, config, single_process=single_process, adopt_config=adopt_config)
   if final is not None:
     logging.info(
       "%s already holds a finished run of this config; nothing to do. %s",

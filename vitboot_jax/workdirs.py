@@ -2,8 +2,10 @@
 
 A workdir belongs to the config of the run that saved a checkpoint (or finished) in it: another
 config is refused, whether that run is finished or not. A workdir without a checkpoint (a run that
-failed before its first save) holds nothing worth keeping, so it accepts any config. Nothing is
-created before these checks and the data check pass, so a mistake leaves no directory behind.
+failed before its first save) holds nothing worth keeping, so it accepts any config. Checkpoints
+without config.json (deleted, a partial copy) are refused, never resumed with whatever config the
+command gives: `--adopt_config` (main) declares the command's config theirs. Nothing is created
+before these checks and the data check pass, so a mistake leaves no directory behind.
 
 One run at a time: a workdir held by a live run (workdir_claim.py) is refused. A run records what
 it trains on in data.json beside config.json; resuming a checkpoint on other data (files added or
@@ -100,12 +102,18 @@ def changed_fields(saved: dict[str, Any], config: ml_collections.ConfigDict) -> 
 
 
 def check(
-  workdir: epath.PathLike, config: ml_collections.ConfigDict, *, single_process: bool = True
+  workdir: epath.PathLike,
+  config: ml_collections.ConfigDict,
+  *,
+  single_process: bool = True,
+  adopt_config: bool = False,
 ) -> dict[str, Any] | None:
   """Checks that `config` may run in `workdir`; writes nothing.
 
   A multi-process run (`single_process=False`) leaves the claim to process 0's atomic
   workdir_claim.acquire_for_run: its own claim.json would look like another run to the others.
+  A run with checkpoints but no config.json (deleted, or a partial copy) is refused unless
+  `adopt_config`: the user then says that `config` is the one its checkpoints were trained with.
 
   Returns:
     final.json's metrics when `workdir` holds this config's finished run (nothing to do), else
@@ -122,6 +130,13 @@ def check(
   finished = final_path.exists()
   if finished or has_checkpoint(workdir):
     config_path = workdir / CONFIG_FILE
+    if not config_path.exists() and not adopt_config:
+      raise errors.WorkdirError(
+        f"--workdir={workdir} holds a {'finished' if finished else 'saved'} run but no "
+        f"{CONFIG_FILE}, so the config it was trained with is unknown; if this command's config "
+        f"is that run's, add --adopt_config to record it as {config_path} and "
+        f"{'read its results' if finished else 'resume'}, else use a new --workdir"
+      )
     if config_path.exists():
       changed = changed_fields(json.loads(config_path.read_text()), config)
       if changed:

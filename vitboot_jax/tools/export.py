@@ -4,7 +4,8 @@ r"""Exports a run's trained ViT (and agent) for PyTorch: timm's layout or the au
   python -m vitboot_jax.tools.export --workdir=RUN --format=official --output=run.safetensors
 
 Reads RUN/config.json and the newest complete checkpoint (or --step=N) and nothing else: it moves,
-deletes and locks nothing in RUN, so it may run beside the training. Writes with safetensors'
+deletes and locks nothing in RUN, so it may run beside the training. A step whose files fail the
+checksums of its save is refused by name (exit 2). Writes with safetensors'
 numpy API (no torch needed), and OUTPUT's .json beside it:
 
 - timm: a `timm.models.vision_transformer.VisionTransformer` state_dict; the JSON holds the model
@@ -32,7 +33,6 @@ from typing import Any
 import ml_collections
 import numpy as np
 from absl import app, flags
-from etils import epath
 
 from vitboot_jax import cli, configlib, errors, files, workdirs
 
@@ -55,8 +55,8 @@ def read_run(workdir: str, step: int | None = None) -> Run:
   """The config and the ViT/agent weights of `workdir`'s newest complete step (or `step`)."""
   from vitboot_jax import checkpoint
 
-  root = epath.Path(workdir)
-  config = workdirs.read_config(workdir)
+  root = checkpoint.absolute(workdir)  # Orbax reads absolute paths only; users type relative.
+  config = workdirs.read_config(root)
   directory = root / workdirs.CHECKPOINT_SUBDIR
   steps = checkpoint.complete_steps(directory)
   if not steps:
@@ -69,7 +69,7 @@ def read_run(workdir: str, step: int | None = None) -> Run:
   elif step not in steps:
     raise errors.WorkdirError(f"--step={step} is not a complete checkpoint of {workdir}: {steps}")
   step_dir = directory / str(step)
-  stored = checkpoint.stored_tree(step_dir)
+  stored = checkpoint.stored_tree(step_dir)  # Verifies the step: a damaged one is refused.
   wanted = {
     "params": {k: v for k, v in stored["params"].items() if k in ("vit", "agent")},
     "batch_stats": {k: v for k, v in (stored.get("batch_stats") or {}).items() if k == "agent"},
