@@ -16,7 +16,6 @@ Only a fresh run imports: a workdir that holds a checkpoint resumes from it inst
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -111,8 +110,7 @@ def read_orbax_vit(path: str) -> dict[str, Any]:
 
 def read_orbax_agent(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """The agent's (params, batch_stats) (numpy) of our newest complete checkpoint under `path`."""
-  # orbax reads absolute paths only; a relative one is the cwd's.
-  step_dir = _orbax_step_dir(epath.Path(path if "://" in path else os.path.abspath(path)))
+  step_dir = _orbax_step_dir(checkpoint.absolute(path))  # Orbax reads absolute paths only.
   stored = checkpoint.stored_tree(step_dir)
   params = stored.get("params", {}).get("agent") if isinstance(stored, dict) else None
   if params is None:
