@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from vitboot_jax import checkpoint as ckpt_lib
 from vitboot_jax import errors, workdir_claim
+from vitboot_jax import quiet as quiet_lib
 
 
 @pytest.fixture(scope="module")
@@ -468,7 +469,7 @@ def test_library_failure_chatter_is_held_back_unless_debugging(monkeypatch):
   def record(path, level, msg, name="absl"):
     return logging.LogRecord(name, level, path, 1, msg, None, None)
 
-  quiet = ckpt_lib._QuietLibraryFailures()
+  quiet = quiet_lib._QuietLibraryFailures()
   orbax_file = "/site-packages/orbax/checkpoint/_src/futures/future.py"
   assert not quiet.filter(record(orbax_file, logging.ERROR, "_SignalingThread.run() raised"))
   assert quiet.filter(record(orbax_file, logging.WARNING, "a warning stays"))
@@ -476,7 +477,7 @@ def test_library_failure_chatter_is_held_back_unless_debugging(monkeypatch):
   never = "Future exception was never retrieved"
   assert not quiet.filter(record("/asyncio/base_events.py", logging.ERROR, never, "asyncio"))
   seen = []
-  hook = ckpt_lib._quiet_unraisable_hook(seen.append)
+  hook = quiet_lib._quiet_unraisable_hook(seen.append)
   closed = types.SimpleNamespace(
     exc_value=RuntimeError("Event loop is closed"), exc_traceback=None, object=None
   )

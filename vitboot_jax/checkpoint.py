@@ -34,22 +34,21 @@ A changed model or config raises `CheckpointMismatchError` and a bad requested s
 
 Output. Orbax, tensorstore and asyncio log a failed save or restore several times over (hundreds
 of lines of background tracebacks); the error raised here says it in one line, so their ERROR
-records are shown only at debug verbosity (`--verbosity=1`).
+records are shown only at debug verbosity (`--verbosity=1`; quiet.quiet_library_failures).
+
+The record itself is checksums.py. This module stays over 500 lines because its one concern, the
+Checkpointer's life cycle, cannot be read in parts: each step of save, restore and start-up
+(incomplete and damaged steps set aside) carries the failure it turns into one line.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import errno
-import json
-import logging as logging_lib
 import os
 import re
-import sys
 import time
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,7 +59,9 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vitboot_jax import errors, sharding, workdir_claim
+from vitboot_jax import checksums, errors, sharding, workdir_claim
+from vitboot_jax.checksums import CHECKSUM_FILE, verify  # noqa: F401 (the readers' names)
+from vitboot_jax.quiet import quiet_library_failures
 from vitboot_jax.workdirs import CHECKPOINT_SUBDIR, COMMIT_MARKER
 
 PyTree = Any
@@ -72,13 +73,8 @@ _TMP_TAG = ".orbax-checkpoint-tmp"
 INCOMPLETE_SUBDIR = "incomplete"
 # Where damaged steps are moved, out of orbax's sight (never deleted).
 DAMAGED_SUBDIR = "damaged"
-# The size and CRC32 of every file of a step, written before its commit marker.
-CHECKSUM_FILE = "checksums.json"
 # The item name orbax gives a single unnamed item (the step's `default/` subdirectory).
 _ITEM = "default"
-# zlib.crc32 releases the GIL on large buffers: files are checked in parallel, in 8 MiB reads.
-_READ_BYTES = 8 << 20
-_CHECK_THREADS = 8
 
 
 class CheckpointError(RuntimeError):
@@ -156,10 +152,8 @@ class _ChecksummedHandler(ocp.StandardCheckpointHandler):
     super().finalize(directory)  # Merges the per-process databases: the last write of the item.
     directory = epath.Path(directory)
     # `directory` may still carry orbax's temporary name; it becomes `<step>/default`.
-    files = {f"{_ITEM}/{name}": _size_and_crc(directory / name) for name in _files_in(directory)}
-    record = {"algorithm": "crc32", "files": {k: list(v) for k, v in sorted(files.items())}}
     # Before the commit marker: a kill here leaves an incomplete step, which is set aside.
-    (directory.parent / CHECKSUM_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    checksums.record(directory, directory.parent, prefix=_ITEM)
 
 
 class Checkpointer:
@@ -407,7 +401,7 @@ class Checkpointer:
     except Exception as error:  # Orbax and tensorstore raise many types; each is one line.
       cause = _os_error(error)
       if cause is None:
-        code, reason = None, _first_line(error)
+        code, reason = None, errors.first_line(error)
       else:
         code, reason = cause
       try:
@@ -473,12 +467,12 @@ class Checkpointer:
     the requested state never leads to advice to delete a good checkpoint.
     """
     step_dir = self.step_dir(step)
-    cause = _first_line(error)
+    cause = errors.first_line(error)
     try:
       stored_tree = self._stored_tree(step)
     except Exception as metadata_error:  # Unreadable metadata is damage.
       return self._corrupt(
-        step, f"{cause}; reading its metadata failed too: {_first_line(metadata_error)}"
+        step, f"{cause}; reading its metadata failed too: {errors.first_line(metadata_error)}"
       )
     diff = _describe_diff(_shapes_by_path(stored_tree), _shapes_by_path(abstract_state))
     if diff:
@@ -493,7 +487,7 @@ class Checkpointer:
       )
       self._manager.restore(step, args=ocp.args.StandardRestore(host_target))
     except Exception as read_error:
-      return self._corrupt(step, _first_line(read_error))
+      return self._corrupt(step, errors.first_line(read_error))
     return CheckpointError(
       f"Checkpoint {step_dir} is intact (it reads back in full and matches the state's tree and "
       f"shapes) but cannot be restored as requested: {cause}. Check the dtypes and shardings of "
@@ -540,7 +534,7 @@ def stored_tree(step_dir: epath.PathLike) -> PyTree:
   try:
     return handler.metadata(step_dir / _ITEM).tree
   except Exception as error:  # Verified (or older than checksums) yet unreadable: damaged.
-    cause = _first_line(error)
+    cause = errors.first_line(error)
     raise damaged_step_error(step_dir, cause, complete_steps(step_dir.parent)) from error
   finally:
     handler.close()
@@ -559,7 +553,7 @@ def read_on_host(step_dir: epath.PathLike, wanted: PyTree) -> PyTree:
       args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
     )
   except Exception as error:  # The tree came from the step itself: a failure is damage.
-    cause = _first_line(error)
+    cause = errors.first_line(error)
     raise damaged_step_error(step_dir, cause, complete_steps(step_dir.parent)) from error
   finally:
     handler.close()
@@ -587,65 +581,6 @@ def damaged_step_error(
   )
 
 
-def verify(step_dir: epath.PathLike) -> str | None:
-  """What is wrong with a complete step's files, or None when they match the sizes and CRC32s
-  recorded at save time (or the step predates checksums: then there is nothing to check)."""
-  step_dir = epath.Path(step_dir)
-  record_path = step_dir / CHECKSUM_FILE
-  if not record_path.exists():
-    logging.info(
-      "Checkpoint %s has no %s (saved by an older version): unverified.", step_dir, CHECKSUM_FILE
-    )
-    return None
-  try:
-    files = {
-      str(name): (int(size), int(crc))
-      for name, (size, crc) in json.loads(record_path.read_text())["files"].items()
-    }
-  except Exception as error:  # Garbled JSON, a wrong shape: the record itself is damaged.
-    return f"its {CHECKSUM_FILE} is unreadable ({_first_line(error)})"
-
-  def check(name: str) -> str | None:
-    want_size, want_crc = files[name]
-    try:
-      size, crc = _size_and_crc(step_dir / name)
-    except FileNotFoundError:
-      return f"{name} is missing"
-    except OSError as error:
-      return f"{name} cannot be read ({_first_line(error)})"
-    if size != want_size:
-      return f"{name} has {size} bytes where the save wrote {want_size} (truncated or replaced)"
-    if crc != want_crc:
-      return f"{name} fails its CRC32 check (its bytes changed after the save)"
-    return None
-
-  with concurrent.futures.ThreadPoolExecutor(_CHECK_THREADS) as pool:
-    problems = [p for p in pool.map(check, sorted(files)) if p is not None]
-  if not problems:
-    return None
-  more = f"; {len(problems) - 1} more file(s) fail too" if len(problems) > 1 else ""
-  return problems[0] + more
-
-
-def _size_and_crc(path: epath.Path) -> tuple[int, int]:
-  size, crc = 0, 0
-  with path.open("rb") as f:
-    while chunk := f.read(_READ_BYTES):
-      size, crc = size + len(chunk), zlib.crc32(chunk, crc)
-  return size, crc
-
-
-def _files_in(directory: epath.Path) -> list[str]:
-  """Every file under `directory`, as paths relative to it."""
-  if "://" not in os.fspath(directory):  # os.walk: one listing per directory, no stat per file.
-    return sorted(
-      os.path.relpath(os.path.join(root, name), directory)
-      for root, _, names in os.walk(directory)
-      for name in names
-    )
-  return sorted(str(p.relative_to(directory)) for p in directory.glob("**/*") if p.is_file())
-
-
 def _any_process(flag: bool) -> bool:
   """Whether `flag` holds on any process (every process must call it)."""
   if jax.process_count() == 1:
@@ -655,56 +590,6 @@ def _any_process(flag: bool) -> bool:
 
 def _utc_stamp() -> str:
   return time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-
-
-class _QuietLibraryFailures(logging_lib.Filter):
-  """Drops orbax's ERROR records and asyncio's unretrieved-future reports unless absl logs at
-  debug level: every failure they report reaches us as an exception, said in one line."""
-
-  def filter(self, record: logging_lib.LogRecord) -> bool:
-    if record.levelno < logging_lib.ERROR or logging.level_debug():
-      return True
-    if "/orbax/" in record.pathname.replace(os.sep, "/"):
-      return False
-    return not (record.name == "asyncio" and "exception was never retrieved" in str(record.msg))
-
-
-def quiet_library_failures() -> None:
-  """Installs the filter above on absl's handler and the hook below (once each); the
-  Checkpointer and the readers call it."""
-  handler = logging.get_absl_handler()
-  if not any(isinstance(f, _QuietLibraryFailures) for f in handler.filters):
-    handler.addFilter(_QuietLibraryFailures())
-  if not getattr(sys.unraisablehook, "_vitboot_quiet", False):
-    sys.unraisablehook = _quiet_unraisable_hook(sys.unraisablehook)
-
-
-def _quiet_unraisable_hook(previous: Any) -> Any:
-  """A failed save or restore abandons orbax's pending reads and writes: when collected (often at
-  exit) each prints a traceback, dozens per failure, as does every read that finds its event loop
-  closed. Those go to debug level; anything else to `previous`."""
-
-  def hook(unraisable: Any) -> None:
-    value = unraisable.exc_value
-    closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
-    if (closed_loop or _raised_in_orbax(unraisable)) and not logging.level_debug():
-      return
-    previous(unraisable)
-
-  hook._vitboot_quiet = True
-  return hook
-
-
-def _raised_in_orbax(unraisable: Any) -> bool:
-  code = getattr(unraisable.object, "cr_code", None)  # An abandoned coroutine of orbax's.
-  if code is not None and "/orbax/" in code.co_filename.replace(os.sep, "/"):
-    return True
-  tb = unraisable.exc_traceback
-  while tb is not None:
-    if "/orbax/" in tb.tb_frame.f_code.co_filename.replace(os.sep, "/"):
-      return True
-    tb = tb.tb_next
-  return False
 
 
 _WRITE_FIX = {
@@ -735,13 +620,6 @@ def _os_error(error: BaseException) -> tuple[int, str] | None:
       return code, os.strerror(code) + (f" ({path.group(1)})" if path else "")
     error = error.__cause__ or error.__context__
   return None
-
-
-def _first_line(error: Exception, limit: int = 300) -> str:
-  """The gist of an error; tensorstore's messages run to kilobytes of spec."""
-  text = str(error).strip().split("\n", 1)[0]
-  text = text if len(text) <= limit else text[:limit] + "..."
-  return f"{type(error).__name__}: {text}"
 
 
 def _key_name(key: Any) -> str:

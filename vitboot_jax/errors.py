@@ -15,3 +15,10 @@ class DataError(UsageError, FileNotFoundError):
 
 class WorkdirError(UsageError, ValueError):
   """The workdir holds another config's run, or cannot be written."""
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+  """The gist of an error for a one-line message; tensorstore's run to kilobytes of spec."""
+  text = str(error).strip().split("\n", 1)[0]
+  text = text if len(text) <= limit else text[:limit] + "..."
+  return f"{type(error).__name__}: {text}"

@@ -1,6 +1,7 @@
 """Library chatter kept off the console: TensorFlow's C++ start-up lines and orbax, tfds and JAX
 INFO logs (warnings and errors still show), and TensorFlow imported without them and with its GPUs
-hidden, since it is only ever the input pipeline.
+hidden, since it is only ever the input pipeline; and the tracebacks orbax, tensorstore and
+asyncio print for a failed save or restore, which checkpoint.py says in one line.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging as logging_lib
 import os
 import sys
 import tempfile
+from typing import Any
 
 from absl import logging
 
@@ -69,3 +71,53 @@ def _import_quietly(name: str) -> None:
         if not (line.startswith(_TF_STARTUP_CHATTER) or line[:1] == "I" and line[1:5].isdigit()):
           sys.stderr.write(line)
       sys.stderr.flush()
+
+
+class _QuietLibraryFailures(logging_lib.Filter):
+  """Drops orbax's ERROR records and asyncio's unretrieved-future reports unless absl logs at
+  debug level: every failure they report reaches us as an exception, said in one line."""
+
+  def filter(self, record: logging_lib.LogRecord) -> bool:
+    if record.levelno < logging_lib.ERROR or logging.level_debug():
+      return True
+    if "/orbax/" in record.pathname.replace(os.sep, "/"):
+      return False
+    return not (record.name == "asyncio" and "exception was never retrieved" in str(record.msg))
+
+
+def quiet_library_failures() -> None:
+  """Installs the filter above on absl's handler and the hook below (once each); the
+  Checkpointer and the readers call it."""
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _QuietLibraryFailures) for f in handler.filters):
+    handler.addFilter(_QuietLibraryFailures())
+  if not getattr(sys.unraisablehook, "_vitboot_quiet", False):
+    sys.unraisablehook = _quiet_unraisable_hook(sys.unraisablehook)
+
+
+def _quiet_unraisable_hook(previous: Any) -> Any:
+  """A failed save or restore abandons orbax's pending reads and writes: when collected (often at
+  exit) each prints a traceback, dozens per failure, as does every read that finds its event loop
+  closed. Those go to debug level; anything else to `previous`."""
+
+  def hook(unraisable: Any) -> None:
+    value = unraisable.exc_value
+    closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+    if (closed_loop or _raised_in_orbax(unraisable)) and not logging.level_debug():
+      return
+    previous(unraisable)
+
+  hook._vitboot_quiet = True
+  return hook
+
+
+def _raised_in_orbax(unraisable: Any) -> bool:
+  code = getattr(unraisable.object, "cr_code", None)  # An abandoned coroutine of orbax's.
+  if code is not None and "/orbax/" in code.co_filename.replace(os.sep, "/"):
+    return True
+  tb = unraisable.exc_traceback
+  while tb is not None:
+    if "/orbax/" in tb.tb_frame.f_code.co_filename.replace(os.sep, "/"):
+      return True
+    tb = tb.tb_next
+  return False
