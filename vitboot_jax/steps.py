@@ -159,33 +159,13 @@ def model_gradients(
       loss_of_own_output, argnums=(0, 1), has_aux=True
     )(outputs[name], loss_params)
     if "feature" in model_terms:  # The ViT's hint: measure (and with a cap, scale) its share.
-      balance = config.loss.get("feature_balance", 0.0)
       shares = functools.partial(
         _shares, loss_of_own_output, outputs[name], loss_params, pullbacks[name]
       )
-      if balance > 0:
-        (g_ce, p_ce), (g_feature, p_feature), (g_rest, p_rest) = shares(
-          [("ce",), ("feature",), ("kd", "drloc")]
-        )
-        norm_ce, norm_feature = optax.global_norm(g_ce), optax.global_norm(g_feature)
-        scale = jnp.minimum(1.0, balance * norm_ce / jnp.maximum(norm_feature, 1e-12))
-        combine = lambda c, f, r: c + scale * f + r  # noqa: B023 (used at once)
-        grads[name] = jax.tree.map(combine, g_ce, g_feature, g_rest)
-        loss_params_grad = jax.tree.map(combine, p_ce, p_feature, p_rest)
-        terms["feature_balance_scale"] = scale
-        terms.update(_hint_norms(norm_ce, norm_feature))
-      else:
-        (grads[name],) = pullbacks[name](cotangent)
-
-        def measure(shares=shares):
-          (g_ce, _), (g_feature, _) = shares([("ce",), ("feature",)])
-          return _hint_norms(optax.global_norm(g_ce), optax.global_norm(g_feature))
-
-        zeros = lambda: _hint_norms(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-        if isinstance(log_hint, bool):  # Known when traced: no conditional needed.
-          terms.update(measure() if log_hint else zeros())
-        else:
-          terms.update(jax.lax.cond(log_hint, measure, zeros))
+      grads[name], loss_params_grad, hint_metrics = _hinted_gradient(
+        config, shares, pullbacks[name], cotangent, loss_params_grad, log_hint
+      )
+      terms.update(hint_metrics)
     else:
       (grads[name],) = pullbacks[name](cotangent)
     # The forward never reads the loss params, so their pulled-back gradient is zero.
@@ -193,6 +173,46 @@ def model_gradients(
     terms.update(model_terms)
     terms[f"loss_{name}"] = loss
   return grads, new_stats, terms
+
+
+def _hinted_gradient(
+  config: ml_collections.ConfigDict,
+  shares: Callable[[list[tuple[str, ...]]], list[tuple[Any, Any]]],
+  pullback: Callable[[Any], tuple[Any]],
+  cotangent: Any,
+  loss_params_grad: Any,
+  log_hint: jax.Array | bool,
+) -> tuple[Any, Any, Metrics]:
+  """The ViT's gradient (params, loss params) and the norms of its CE and hint shares.
+
+  Official: one pullback of the whole loss, the shares measured on logging steps only. With
+  config.loss.feature_balance > 0, the hint's share is scaled to at most that multiple of the CE
+  share's norm, every step.
+  """
+  balance = config.loss.get("feature_balance", 0.0)
+  if balance > 0:
+    (g_ce, p_ce), (g_feature, p_feature), (g_rest, p_rest) = shares(
+      [("ce",), ("feature",), ("kd", "drloc")]
+    )
+    norm_ce, norm_feature = optax.global_norm(g_ce), optax.global_norm(g_feature)
+    scale = jnp.minimum(1.0, balance * norm_ce / jnp.maximum(norm_feature, 1e-12))
+    combine = lambda c, f, r: c + scale * f + r
+    metrics = {**_hint_norms(norm_ce, norm_feature), "feature_balance_scale": scale}
+    return (
+      jax.tree.map(combine, g_ce, g_feature, g_rest),
+      jax.tree.map(combine, p_ce, p_feature, p_rest),
+      metrics,
+    )
+  (grad,) = pullback(cotangent)
+
+  def measure():
+    (g_ce, _), (g_feature, _) = shares([("ce",), ("feature",)])
+    return _hint_norms(optax.global_norm(g_ce), optax.global_norm(g_feature))
+
+  zeros = lambda: _hint_norms(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+  if isinstance(log_hint, bool):  # Known when traced: no conditional needed.
+    return grad, loss_params_grad, measure() if log_hint else zeros()
+  return grad, loss_params_grad, jax.lax.cond(log_hint, measure, zeros)
 
 
 def _shares(
