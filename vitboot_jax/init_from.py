@@ -91,38 +91,43 @@ def _orbax_step_dir(path: epath.Path) -> epath.Path:
   return path / str(steps[-1])
 
 
-def read_orbax_vit(path: str) -> dict[str, Any]:
-  """The ViT parameters (numpy) of our newest complete checkpoint under `path`; a damaged step
-  (its files fail the checksums of its save) is refused by name, never replaced by an older one."""
+def _read_orbax_model(
+  path: str, name: str, label: str, modes: tuple[str, str], collections: tuple[str, ...], what=""
+) -> tuple[epath.Path, dict[str, Any]]:
+  """{collection: model `name`'s subtree} (numpy) of our newest complete checkpoint under
+  `path`, and its step directory (`modes`: the modes without it and with it, for the error); a
+  damaged step (its files fail the checksums of its save) is
+  refused by name, never replaced by an older one."""
   step_dir = _orbax_step_dir(checkpoint.absolute(path))  # Orbax reads absolute paths only.
   stored = checkpoint.stored_tree(step_dir)
-  vit = stored.get("params", {}).get("vit") if isinstance(stored, dict) else None
-  if vit is None:
+  stored = stored if isinstance(stored, dict) else {}
+  if stored.get("params", {}).get(name) is None:
     raise ValueError(
-      f"the checkpoint in {step_dir} has no ViT (params/vit): it was written by a run "
-      "without one (mode agent or cnn); give a run of mode vit, joint or shared"
+      f"{what}the checkpoint in {step_dir} has no {label} (params/{name}): it was written by a "
+      f"run without one (mode {modes[0]}); give a run of mode {modes[1]}"
     )
-  # Only the ViT's arrays are read, as numpy on the host (the optimizer state is skipped).
-  restored = checkpoint.read_on_host(step_dir, {"params": {"vit": vit}})
+  # Only this model's arrays are read, as numpy on the host (the optimizer state is skipped).
+  wanted = {c: {name: stored.get(c, {}).get(name, {})} for c in collections}
+  restored = checkpoint.read_on_host(step_dir, wanted)
+  return step_dir, {c: restored[c][name] for c in collections}
+
+
+def read_orbax_vit(path: str) -> dict[str, Any]:
+  """The ViT parameters (numpy) of our newest complete checkpoint under `path`."""
+  modes = ("agent or cnn", "vit, joint or shared")
+  step_dir, read = _read_orbax_model(path, "vit", "ViT", modes, ("params",))
   logging.info("init_from: read the ViT of checkpoint %s", step_dir)
-  return restored["params"]["vit"]
+  return read["params"]
 
 
 def read_orbax_agent(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """The agent's (params, batch_stats) (numpy) of our newest complete checkpoint under `path`."""
-  step_dir = _orbax_step_dir(checkpoint.absolute(path))  # Orbax reads absolute paths only.
-  stored = checkpoint.stored_tree(step_dir)
-  params = stored.get("params", {}).get("agent") if isinstance(stored, dict) else None
-  if params is None:
-    raise ValueError(
-      f"config.agent_init_from: the checkpoint in {step_dir} has no agent (params/agent): it was "
-      "written by a run without one (mode vit or cnn); give a run of mode agent or joint"
-    )
-  stats = stored.get("batch_stats", {}).get("agent", {})
-  wanted = {"params": {"agent": params}, "batch_stats": {"agent": stats}}
-  restored = checkpoint.read_on_host(step_dir, wanted)
+  modes = ("vit or cnn", "agent or joint")
+  collections = ("params", "batch_stats")
+  what = "config.agent_init_from: "
+  step_dir, read = _read_orbax_model(path, "agent", "agent", modes, collections, what)
   logging.info("agent_init_from: read the agent of checkpoint %s", step_dir)
-  return restored["params"]["agent"], restored["batch_stats"]["agent"]
+  return read["params"], read["batch_stats"]
 
 
 def _same_shapes(what: str, path: str, got: Any, want: Any) -> None:
