@@ -66,10 +66,10 @@ _MAX_CHANGES_SHOWN = 6
 _UNSET = object()
 
 
-def _added_default(path: str, new: Any) -> bool:
-  """Whether `path` is a field a newer version added, holding its default (the behaviour of
-  the version that wrote the config.json, which lacks the field)."""
-  default: Any = json.loads(configlib.base_config().to_json_best_effort())
+def _added_default(defaults: dict[str, Any], path: str, new: Any) -> bool:
+  """Whether `path` is a field a newer version added, holding its default in `defaults` (the
+  behaviour of the version that wrote the config.json, which lacks the field)."""
+  default: Any = defaults
   for key in path.split("."):
     if not isinstance(default, dict) or key not in default:
       return False
@@ -83,6 +83,7 @@ def changed_fields(saved: dict[str, Any], config: ml_collections.ConfigDict) -> 
   config lacks counts only if it differs from its default: new versions add fields whose default
   is the old behaviour, and an older run must still resume."""
   current = json.loads(config.to_json_best_effort())
+  defaults = json.loads(configlib.base_config().to_json_best_effort())
 
   def diff(old: Any, new: Any, prefix: str) -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
@@ -93,7 +94,7 @@ def changed_fields(saved: dict[str, Any], config: ml_collections.ConfigDict) -> 
         if f"{prefix}{k}" not in VOLATILE_FIELDS
         for change in diff(old.get(k, _UNSET), new.get(k, _UNSET), f"{prefix}{k}.")
       ]
-    if old == new or (old is _UNSET and _added_default(prefix[:-1], new)):
+    if old == new or (old is _UNSET and _added_default(defaults, prefix[:-1], new)):
       return []
     show = lambda v: "(unset)" if v is _UNSET else repr(v)
     return [f"{prefix[:-1]}: {show(old)} -> {show(new)}"]
