@@ -525,7 +525,7 @@ def stored_tree(step_dir: epath.PathLike) -> PyTree:
 
   Verifies the step's checksums first. Raises CorruptCheckpointError naming the step.
   """
-  step_dir = epath.Path(step_dir)
+  step_dir = absolute(step_dir)  # Else orbax's refusal of a relative path would read as damage.
   problem = verify(step_dir)
   if problem is not None:
     raise damaged_step_error(step_dir, problem, complete_steps(step_dir.parent))
@@ -543,7 +543,7 @@ def stored_tree(step_dir: epath.PathLike) -> PyTree:
 def read_on_host(step_dir: epath.PathLike, wanted: PyTree) -> PyTree:
   """The arrays of `wanted` (a subtree of `stored_tree(step_dir)`, which verified the step) as
   numpy, on the host; the rest (e.g. the optimizer state) is not read. Reads only."""
-  step_dir = epath.Path(step_dir)
+  step_dir = absolute(step_dir)
   handler = ocp.PyTreeCheckpointHandler()
   try:
     target = jax.tree.map(lambda m: np.empty(m.shape, m.dtype), wanted)

@@ -1,0 +1,154 @@
+r"""What Adam's moments say about each model's step, at every checkpoint of a run.
+
+  python -m vitboot_jax.tools.adam_state --workdir=workdirs/quickstart
+  python -m vitboot_jax.tools.adam_state --workdir=RUN_A --workdir=RUN_B --steps=200
+
+Adam divides each coordinate's first moment by the root of its second, a running mean of the
+squared gradient with a memory of about 1 / (1 - b2) steps (1000 at the recipes' b2 = 0.999).
+A loss term that was large for a while keeps a model's steps small for that long after it is
+gone: the mechanism study (docs/results.md) reads it here. For each checkpoint and model, from
+the bias-corrected moments m and v of the model's parameters (its loss parameters included):
+  grad_rms      sqrt(mean v): the gradient scale Adam divides by;
+  step_per_lr   mean |m| / (sqrt(v) + eps): the mean update of a parameter per unit learning rate
+                (weight decay aside); step_per_lr_median its median.
+One line per checkpoint and model, then one JSON list of the same. Reads only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from absl import app, flags
+from etils import epath
+
+from vitboot_jax import checkpoint, cli, errors, quiet, workdirs
+
+_ADAM_STATE_KEYS = frozenset({"count", "mu", "nu"})
+
+
+def owner(key: str) -> str:
+  """The model a parameter tree's top-level key belongs to (its loss heads and projectors too)."""
+  return key.removeprefix("drloc_").removeprefix("hint_")
+
+
+def adam_states(tree: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], dict]]:
+  """Every Adam state {count, mu, nu} in an optimizer-state tree of dicts and lists, with its
+  path."""
+  if isinstance(tree, dict) and _ADAM_STATE_KEYS <= tree.keys():
+    return [(path, tree)]
+  items = (
+    tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+  )
+  return [found for key, sub in items for found in adam_states(sub, (*path, str(key)))]
+
+
+def _arrays_only(tree: Any) -> Any:
+  """`tree` with None for every leaf that is not an array (a masked chain stores the other chains'
+  parameters as None), so that only arrays are read."""
+  if isinstance(tree, dict):
+    return {k: _arrays_only(v) for k, v in tree.items()}
+  if isinstance(tree, list):
+    return [_arrays_only(v) for v in tree]
+  return tree if hasattr(tree, "shape") else None
+
+
+def _leaves(tree: Any) -> list[np.ndarray]:
+  if isinstance(tree, dict):
+    return [leaf for value in tree.values() for leaf in _leaves(value)]
+  return [] if tree is None else [np.asarray(tree, np.float64).ravel()]
+
+
+def moment_stats(mu: Any, nu: Any, count: int, b1: float, b2: float, eps: float) -> dict:
+  """grad_rms and step_per_lr (mean, median) of one model's raw Adam moments at `count`."""
+  m = np.concatenate(_leaves(mu)) / (1.0 - b1**count)
+  v = np.concatenate(_leaves(nu)) / (1.0 - b2**count)
+  step = np.abs(m) / (np.sqrt(v) + eps)
+  return {
+    "grad_rms": float(np.sqrt(v.mean())),
+    "step_per_lr": float(step.mean()),
+    "step_per_lr_median": float(np.median(step)),
+    "params": int(m.size),
+  }
+
+
+def read_step(step_dir: epath.Path, b1: float, b2: float, eps: float) -> list[dict]:
+  """The rows of one checkpoint step: one per model and Adam state."""
+  stored = checkpoint.stored_tree(step_dir)["opt_state"]
+  values = checkpoint.read_on_host(step_dir, {"opt_state": _arrays_only(stored)})["opt_state"]
+  rows = []
+  for path, state in adam_states(values):
+    # Under multi_transform (joint mode) each model's chain sits at inner_states/<model>.
+    label = path[path.index("inner_states") + 1] if "inner_states" in path else None
+    count = int(state["count"])
+    models = {owner(k) for k in state["mu"] if _leaves(state["mu"][k])}
+    for model in sorted(m for m in models if label in (None, m)):
+      mu, nu = ({k: v for k, v in state[p].items() if owner(k) == model} for p in ("mu", "nu"))
+      row = {"step": int(step_dir.name), "model": model, "count": count}
+      row |= moment_stats(mu, nu, count, b1, b2, eps)
+      rows.append(row)
+  return rows
+
+
+def read_workdir(workdir: str, steps: Sequence[int] | None = None) -> list[dict]:
+  """The rows of every complete checkpoint of `workdir` (or of `steps`), oldest first."""
+  root = checkpoint.absolute(workdir)
+  optim = workdirs.read_config(root).optim
+  if optim.name != "adamw":
+    raise errors.UsageError(
+      f"--workdir={workdir} trained with optim.name={optim.name!r}: this tool reads Adam's state"
+    )
+  directory = root / workdirs.CHECKPOINT_SUBDIR
+  available = checkpoint.complete_steps(directory) if directory.is_dir() else []
+  if not available:
+    raise errors.UsageError(f"--workdir={workdir} has no complete checkpoint to read")
+  missing = sorted(set(steps or ()) - set(available))
+  if missing:
+    raise errors.UsageError(
+      f"--workdir={workdir} has no checkpoint of step(s) {missing}; it has {available}"
+    )
+  rows = []
+  for step in sorted(steps or available):
+    for row in read_step(directory / str(step), optim.b1, optim.b2, optim.eps):
+      rows.append({"workdir": workdir, **row})
+  return rows
+
+
+_WORKDIRS = None
+_STEPS = None
+
+
+def define_flags() -> None:
+  """Defines this tool's flags; called only when it runs as a program, so several tools can be
+  imported into one process (tests) without their flag names colliding."""
+  global _WORKDIRS, _STEPS
+  _WORKDIRS = flags.DEFINE_multi_string("workdir", None, "A run's workdir (repeat to compare).")
+  _STEPS = flags.DEFINE_list("steps", None, "Checkpoint steps to read; default: every one.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _WORKDIRS.value:
+    cli.fail("give --workdir=RUN (a training run's workdir)")
+  quiet.libraries()  # Reading a checkpoint logs orbax INFO lines.
+  steps = [int(s) for s in _STEPS.value] if _STEPS.value else None
+  rows = []
+  try:
+    for workdir in _WORKDIRS.value:
+      rows += read_workdir(workdir, steps)
+  except errors.UsageError as error:
+    cli.fail(str(error))
+  for r in rows:
+    print(
+      f"{r['workdir']}  step {r['step']:6d}  {r['model']:6s}  grad_rms {r['grad_rms']:.4g}  "
+      f"step_per_lr {r['step_per_lr']:.4f} (median {r['step_per_lr_median']:.4f})"
+    )
+  print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
