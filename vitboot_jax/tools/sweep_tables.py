@@ -200,6 +200,7 @@ def _mechanism_rows(config: str) -> tuple[Row, ...]:
     return Row(name, f"{config}:{args}", models, note, tuple(overrides), run=name)
 
   teacher = (f"--config.agent_init_from={AGENT_RUN}",)
+  b2 = ("--config.optim.b2=0.99",)
   # Run in this order (the references the rows need first, then one row per explanation).
   return (
     row("vit", "mode=vit", "reference: ViT alone", ("vit",)),
@@ -231,6 +232,40 @@ def _mechanism_rows(config: str) -> tuple[Row, ...]:
     row("joint_pool2d", "mode=joint,adapt=pool2d", "4 geometry: 2-D pooling of the agent's grid"),
     row("joint_kd_only", "mode=joint,feature=0", "reference: joint without the hint (KD only)"),
     row("shared_noalign", "mode=shared,align=none", "reference: official shared"),
+    # Rows the first runs suggested (labelled variants of the recipe, as the switches are).
+    row(
+      "joint_teacher_frozen_until10",
+      "mode=joint,frozen=1,until=0.1",
+      "1 teacher + 2 timing: the frozen finished agent, hint in the first 10% of steps only",
+      overrides=teacher,
+    ),
+    row(
+      "vit_lr_half",
+      "mode=vit",
+      "reference: ViT alone at half the lr (what half of the ViT's step costs)",
+      ("vit",),
+      overrides=("--config.optim.lr=5e-4",),
+    ),
+    row(
+      "vit_lr_quarter",
+      "mode=vit",
+      "reference: ViT alone at a quarter of the lr",
+      ("vit",),
+      overrides=("--config.optim.lr=2.5e-4",),
+    ),
+    row("vit_b2", "mode=vit", "5 optimizer: ViT alone, Adam b2 0.99", ("vit",), overrides=b2),
+    row(
+      "joint_b2",
+      "mode=joint",
+      "5 optimizer: Adam b2 0.99 (remembers the hint's gradients ~100 steps, not ~1000)",
+      overrides=b2,
+    ),
+    row(
+      "joint_until10_b2",
+      "mode=joint,until=0.1",
+      "5 optimizer: hint in the first 10% of steps only, Adam b2 0.99",
+      overrides=b2,
+    ),
   )
 
 
