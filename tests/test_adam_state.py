@@ -55,6 +55,10 @@ def test_reads_each_models_moments_from_a_runs_checkpoints(tmp_path, monkeypatch
     expected = adam_state.moment_stats(*_expected(state, row["model"]), 0.9, 0.999, 1e-8)
     for key, value in expected.items():
       np.testing.assert_allclose(row[key], value, rtol=1e-6, err_msg=f"{row['model']} {key}")
+  for row in rows:
+    mine = [v for k, v in state.params.items() if adam_state.owner(k) == row["model"]]
+    norm = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(mine)))
+    np.testing.assert_allclose(row["param_norm"], norm, rtol=1e-6)
   assert rows[1]["params"] == sum(x.size for x in jax.tree.leaves(state.params["vit"]))
   # The library's readers take a relative step directory too (not reported as damage).
   assert "opt_state" in checkpoint.stored_tree("run/checkpoints/2")

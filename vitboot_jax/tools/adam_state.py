@@ -10,7 +10,8 @@ gone: the mechanism study (docs/results.md) reads it here. For each checkpoint a
 the bias-corrected moments m and v of the model's parameters (its loss parameters included):
   grad_rms      sqrt(mean v): the gradient scale Adam divides by;
   step_per_lr   mean |m| / (sqrt(v) + eps): the mean update of a parameter per unit learning rate
-                (weight decay aside); step_per_lr_median its median.
+                (weight decay aside); step_per_lr_median its median;
+  param_norm    the global norm of the model's parameters.
 One line per checkpoint and model, then one JSON list of the same. Reads only.
 """
 
@@ -56,8 +57,12 @@ def _arrays_only(tree: Any) -> Any:
 
 
 def _leaves(tree: Any) -> list[np.ndarray]:
-  if isinstance(tree, dict):
-    return [leaf for value in tree.values() for leaf in _leaves(value)]
+  if isinstance(tree, (dict, list)):
+    return [
+      leaf
+      for value in (tree.values() if isinstance(tree, dict) else tree)
+      for leaf in _leaves(value)
+    ]
   return [] if tree is None else [np.asarray(tree, np.float64).ravel()]
 
 
@@ -76,10 +81,11 @@ def moment_stats(mu: Any, nu: Any, count: int, b1: float, b2: float, eps: float)
 
 def read_step(step_dir: epath.Path, b1: float, b2: float, eps: float) -> list[dict]:
   """The rows of one checkpoint step: one per model and Adam state."""
-  stored = checkpoint.stored_tree(step_dir)["opt_state"]
-  values = checkpoint.read_on_host(step_dir, {"opt_state": _arrays_only(stored)})["opt_state"]
+  stored = checkpoint.stored_tree(step_dir)
+  wanted = {part: _arrays_only(stored[part]) for part in ("opt_state", "params")}
+  values = checkpoint.read_on_host(step_dir, wanted)
   rows = []
-  for path, state in adam_states(values):
+  for path, state in adam_states(values["opt_state"]):
     # Under multi_transform (joint mode) each model's chain sits at inner_states/<model>.
     label = path[path.index("inner_states") + 1] if "inner_states" in path else None
     count = int(state["count"])
@@ -88,6 +94,8 @@ def read_step(step_dir: epath.Path, b1: float, b2: float, eps: float) -> list[di
       mu, nu = ({k: v for k, v in state[p].items() if owner(k) == model} for p in ("mu", "nu"))
       row = {"step": int(step_dir.name), "model": model, "count": count}
       row |= moment_stats(mu, nu, count, b1, b2, eps)
+      params = [v for k, v in values["params"].items() if owner(k) == model]
+      row["param_norm"] = float(np.sqrt(sum(np.sum(np.square(x)) for x in _leaves(params))))
       rows.append(row)
   return rows
 
@@ -144,7 +152,8 @@ def main(argv):
   for r in rows:
     print(
       f"{r['workdir']}  step {r['step']:6d}  {r['model']:6s}  grad_rms {r['grad_rms']:.4g}  "
-      f"step_per_lr {r['step_per_lr']:.4f} (median {r['step_per_lr_median']:.4f})"
+      f"step_per_lr {r['step_per_lr']:.4f} (median {r['step_per_lr_median']:.4f})  "
+      f"param_norm {r['param_norm']:.2f}"
     )
   print(json.dumps(rows))
 
