@@ -26,6 +26,21 @@ def test_one_adam_step_moves_each_parameter_by_one_learning_rate():
   assert stats["params"] == 4
 
 
+def test_pure_noise_gradients_step_at_the_documented_floor():
+  # The docstring's reference value: an EMA of i.i.d. normal gradients over their RMS.
+  tx = optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-8)
+  keys = jax.random.split(jax.random.key(0), 3000)
+
+  def step(state, key):
+    _, state = tx.update({"w": jax.random.normal(key, (4000,))}, state)
+    return state, None
+
+  state, _ = jax.lax.scan(step, tx.init({"w": jnp.zeros(4000)}), keys)
+  stats = adam_state.moment_stats(state.mu, state.nu, int(state.count), 0.9, 0.999, 1e-8)
+  np.testing.assert_allclose(stats["step_per_lr"], np.sqrt(0.1 / 1.9 * 2 / np.pi), rtol=0.05)
+  np.testing.assert_allclose(stats["grad_rms"], 1.0, rtol=0.05)
+
+
 def _expected(state, model):
   """The model's raw moments straight from the live optimizer state."""
   chain = state.opt_state.inner_states[model].inner_state

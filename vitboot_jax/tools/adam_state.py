@@ -12,6 +12,9 @@ the bias-corrected moments m and v of the model's parameters (its loss parameter
   step_per_lr   mean |m| / (sqrt(v) + eps): the mean update of a parameter per unit learning rate
                 (weight decay aside); step_per_lr_median its median;
   param_norm    the global norm of the model's parameters.
+Gradients of pure zero-mean noise give step_per_lr = sqrt((1 - b1) / (1 + b1)) * sqrt(2 / pi), 0.18
+at b1 = 0.9: above it successive gradients agree; below it they cancel (the parameters oscillate)
+or rare large ones dominate v.
 One line per checkpoint and model, then one JSON list of the same. Reads only.
 """
 
