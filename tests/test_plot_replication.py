@@ -367,3 +367,25 @@ def test_launch_script_picks_the_table_from_config_and_skips_finished_runs(tmp_p
   report = json.loads((tmp_path / sweep.TABLE_JSON).read_text())
   assert report["table"] == "replication_tokens16" and report["epochs"] == 3
   assert (tmp_path / "replication.log").exists()
+
+
+def test_every_run_gets_its_own_colour():
+  pytest.importorskip("matplotlib")
+  for n in (3, 10, 15, 21):
+    colours = plot.run_colours(n)
+    assert len(colours) == n and len({str(c) for c in colours}) == n, n
+
+
+def test_many_runs_put_the_legend_below_the_panels(tmp_path):
+  pytest.importorskip("matplotlib")
+  heights = {}
+  for n in (plot.LEGEND_INSIDE_MAX, plot.LEGEND_INSIDE_MAX + 1):
+    workdirs = []
+    for i in range(n):
+      _write_metrics(tmp_path / f"{n}_{i}", "joint")
+      workdirs.append(tmp_path / f"{n}_{i}")
+    png = plot.plot_runs(workdirs, tmp_path / f"{n}.png").read_bytes()
+    heights[n] = int.from_bytes(png[20:24], "big")  # The PNG header's height field.
+  rows = plot.GRID[0]
+  assert heights[plot.LEGEND_INSIDE_MAX] == round(rows * plot.PANEL_INCHES[1] * plot.DPI)
+  assert heights[plot.LEGEND_INSIDE_MAX + 1] > heights[plot.LEGEND_INSIDE_MAX]

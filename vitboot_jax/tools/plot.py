@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 from collections.abc import Sequence
@@ -44,6 +45,8 @@ DEFAULT_SMOOTH = 10
 DEFAULT_OUT = "curves.png"  # In the first run's workdir: nothing lands in the repository root.
 # (row, col) grid of the figure and the size of one panel in inches.
 GRID = (5, 2)
+LEGEND_INSIDE_MAX = 8  # With more runs the legend goes below the panels instead of over one.
+LEGEND_COLUMNS = 4
 PANEL_INCHES = (6.0, 3.4)
 DPI = 100
 INSTALL_HINT = "pip install -e '.[plot]'"
@@ -130,6 +133,18 @@ def _matplotlib():
   return classes
 
 
+def run_colours(n: int) -> list[Any]:
+  """One colour per run, all different: matplotlib's 10-colour cycle, then its 20 paired colours
+  (tab20), then evenly spaced hues of a continuous map for more runs than that."""
+  if n <= 10:
+    return [f"C{i}" for i in range(n)]
+  import matplotlib  # Present: the caller has checked (_matplotlib).
+
+  if n <= 20:
+    return [matplotlib.colormaps["tab20"](i) for i in range(n)]
+  return [matplotlib.colormaps["turbo"](x) for x in np.linspace(0.0, 1.0, n)]
+
+
 def _no_data(ax: Any, what: str) -> None:
   ax.text(0.5, 0.5, f"no run logs {what}", ha="center", va="center", transform=ax.transAxes)
 
@@ -198,10 +213,13 @@ def plot_runs(
   runs = [load_run(w, label) for w, label in zip(workdirs, labels)]
   if not any(run.train or run.eval for run in runs):
     raise ValueError(f"none of {[str(w) for w in workdirs]} holds a {metrics.METRICS_FILE}")
-  colours = [f"C{i % 10}" for i in range(len(runs))]
+  colours = run_colours(len(runs))
 
   rows, cols = GRID
-  fig = Figure(figsize=(PANEL_INCHES[0] * cols, PANEL_INCHES[1] * rows), dpi=DPI)
+  below = len(runs) > LEGEND_INSIDE_MAX
+  legend_inches = 0.25 * math.ceil((len(runs) + 2) / LEGEND_COLUMNS) + 0.2 if below else 0.0
+  height = PANEL_INCHES[1] * rows + legend_inches
+  fig = Figure(figsize=(PANEL_INCHES[0] * cols, height), dpi=DPI)
   FigureCanvasAgg(fig)
   axes = fig.subplots(rows, cols, squeeze=False)
 
@@ -227,7 +245,17 @@ def plot_runs(
       for m in MODEL_STYLES
       if m in models_seen
     ]
-    ax.legend(handles=handles, fontsize="small", loc="best")
+    if below:
+      fig.legend(
+        handles=handles,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.015),
+        ncol=LEGEND_COLUMNS,
+        fontsize="small",
+        frameon=False,
+      )
+    else:
+      ax.legend(handles=handles, fontsize="small", loc="best")
   else:
     _no_data(ax, "eval/top1_*")
 
@@ -272,7 +300,8 @@ def plot_runs(
     fig.text(0.99, 0.005, note, ha="right", va="bottom", fontsize="small", color="grey")
   if title:
     fig.suptitle(title)
-  fig.tight_layout(rect=(0, 0.015, 1, 0.98 if title else 1))
+  bottom = (legend_inches + 0.05) / height if below else 0.015
+  fig.tight_layout(rect=(0, bottom, 1, 0.98 if title else 1))
   out = epath.Path(workdirs[0]) / DEFAULT_OUT if out is None else epath.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)
   with out.open("wb") as f:
