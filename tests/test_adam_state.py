@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from tests.test_mechanism import _run
-from vitboot_jax import checkpoint, errors, workdirs
+from vitboot_jax import checkpoint, errors, optim, workdirs
 from vitboot_jax.tools import adam_state
 
 
@@ -49,7 +49,7 @@ def _expected(state, model):
     for s in jax.tree.leaves(chain, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
     if isinstance(s, optax.ScaleByAdamState)
   ][0]
-  mine = lambda tree: {k: v for k, v in tree.items() if adam_state.owner(k) == model}
+  mine = lambda tree: {k: v for k, v in tree.items() if optim.owner(k) == model}
   return mine(adam.mu), mine(adam.nu), int(adam.count)
 
 
@@ -71,7 +71,7 @@ def test_reads_each_models_moments_from_a_runs_checkpoints(tmp_path, monkeypatch
     for key, value in expected.items():
       np.testing.assert_allclose(row[key], value, rtol=1e-6, err_msg=f"{row['model']} {key}")
   for row in rows:
-    mine = [v for k, v in state.params.items() if adam_state.owner(k) == row["model"]]
+    mine = [v for k, v in state.params.items() if optim.owner(k) == row["model"]]
     norm = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(mine)))
     np.testing.assert_allclose(row["param_norm"], norm, rtol=1e-6)
   assert rows[1]["params"] == sum(x.size for x in jax.tree.leaves(state.params["vit"]))

@@ -96,8 +96,8 @@ def _read_orbax_model(
 ) -> tuple[epath.Path, dict[str, Any]]:
   """{collection: model `name`'s subtree} (numpy) of our newest complete checkpoint under
   `path`, and its step directory (`modes`: the modes without it and with it, for the error); a
-  damaged step (its files fail the checksums of its save) is
-  refused by name, never replaced by an older one."""
+  damaged step (its files fail the checksums of its save) is refused by name, never replaced by
+  an older one."""
   step_dir = _orbax_step_dir(checkpoint.absolute(path))  # Orbax reads absolute paths only.
   stored = checkpoint.stored_tree(step_dir)
   stored = stored if isinstance(stored, dict) else {}

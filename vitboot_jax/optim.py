@@ -89,6 +89,12 @@ def weight_decay_mask(params: Any) -> Any:
   return jax.tree.map_with_path(decay, params)
 
 
+def owner(key: str) -> str:
+  """The model a top-level parameter key belongs to: its own, its DrLoc head "drloc_<model>" and
+  its hint projector "hint_<model>" are updated by that model's chain."""
+  return key.removeprefix("drloc_").removeprefix("hint_")
+
+
 def make_optimizer(
   optim_cfg: Any,
   steps_per_epoch: int,
@@ -141,7 +147,6 @@ def mode_optimizer(
   """
   tx, schedule = make_optimizer(config.optim, steps_per_epoch, config.num_epochs)
   if config.mode == "joint":
-    owner = lambda key: key.removeprefix("drloc_").removeprefix("hint_")
     labels = lambda params: {k: jax.tree.map(lambda _, k=k: owner(k), v) for k, v in params.items()}
     chains = {name: tx for name in names}
     if config.get("agent_frozen", False):

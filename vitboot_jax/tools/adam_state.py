@@ -24,18 +24,15 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from absl import app, flags
 from etils import epath
 
 from vitboot_jax import checkpoint, cli, errors, quiet, workdirs
+from vitboot_jax.optim import owner
 
 _ADAM_STATE_KEYS = frozenset({"count", "mu", "nu"})
-
-
-def owner(key: str) -> str:
-  """The model a parameter tree's top-level key belongs to (its loss heads and projectors too)."""
-  return key.removeprefix("drloc_").removeprefix("hint_")
 
 
 def adam_states(tree: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], dict]]:
@@ -60,13 +57,8 @@ def _arrays_only(tree: Any) -> Any:
 
 
 def _leaves(tree: Any) -> list[np.ndarray]:
-  if isinstance(tree, (dict, list)):
-    return [
-      leaf
-      for value in (tree.values() if isinstance(tree, dict) else tree)
-      for leaf in _leaves(value)
-    ]
-  return [] if tree is None else [np.asarray(tree, np.float64).ravel()]
+  """Every array of a tree of dicts and lists as flat float64 (None, a masked leaf, has none)."""
+  return [np.asarray(leaf, np.float64).ravel() for leaf in jax.tree.leaves(tree)]
 
 
 def moment_stats(mu: Any, nu: Any, count: int, b1: float, b2: float, eps: float) -> dict:
@@ -103,13 +95,17 @@ def read_step(step_dir: epath.Path, b1: float, b2: float, eps: float) -> list[di
   return rows
 
 
-def read_workdir(workdir: str, steps: Sequence[int] | None = None) -> list[dict]:
-  """The rows of every complete checkpoint of `workdir` (or of `steps`), oldest first."""
+def adam_checkpoints(
+  workdir: str, steps: Sequence[int] | None = None
+) -> tuple[epath.Path, Any, epath.Path, list[int]]:
+  """(absolute workdir, its config, its checkpoint directory, the steps to read: `steps` or every
+  complete one, oldest first) of a run trained with Adam; anything else is one UsageError line."""
   root = checkpoint.absolute(workdir)
-  optim = workdirs.read_config(root).optim
-  if optim.name != "adamw":
+  config = workdirs.read_config(root)
+  if config.optim.name != "adamw":
     raise errors.UsageError(
-      f"--workdir={workdir} trained with optim.name={optim.name!r}: this tool reads Adam's state"
+      f"--workdir={workdir} trained with optim.name={config.optim.name!r}: this tool reads "
+      "Adam's state"
     )
   directory = root / workdirs.CHECKPOINT_SUBDIR
   available = checkpoint.complete_steps(directory) if directory.is_dir() else []
@@ -120,9 +116,16 @@ def read_workdir(workdir: str, steps: Sequence[int] | None = None) -> list[dict]
     raise errors.UsageError(
       f"--workdir={workdir} has no checkpoint of step(s) {missing}; it has {available}"
     )
+  return root, config, directory, sorted(steps or available)
+
+
+def read_workdir(workdir: str, steps: Sequence[int] | None = None) -> list[dict]:
+  """The rows of every complete checkpoint of `workdir` (or of `steps`), oldest first."""
+  _, config, directory, steps = adam_checkpoints(workdir, steps)
+  o = config.optim
   rows = []
-  for step in sorted(steps or available):
-    for row in read_step(directory / str(step), optim.b1, optim.b2, optim.eps):
+  for step in steps:
+    for row in read_step(directory / str(step), o.b1, o.b2, o.eps):
       rows.append({"workdir": workdir, **row})
   return rows
 

@@ -36,11 +36,10 @@ from vitboot_jax import (
   optim,
   quiet,
   sharding,
-  workdirs,
 )
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.data import input_pipeline
-from vitboot_jax.tools import visualize
+from vitboot_jax.tools import adam_state, visualize
 
 
 def lanczos_extremes(
@@ -110,19 +109,11 @@ def _adam_nu(opt_state: Any, model: str) -> tuple[Any, int]:
 
 def curvature(workdir: str, steps: Sequence[int] | None, model: str, images: int, iterations: int):
   """The rows of `workdir`'s checkpoints (every complete one, or `steps`)."""
-  root = checkpoint.absolute(workdir)
-  config = workdirs.read_config(root)
-  if config.optim.name != "adamw":
-    raise errors.UsageError(f"--workdir={workdir} trained with optim.name={config.optim.name!r}")
+  root, config, _, steps = adam_state.adam_checkpoints(workdir, steps)
   config = visualize._inspection_config(config)
   config.kernels = "xla"  # Forward-over-reverse needs plain ops (the CPU set's are custom VJPs).
   config.data.cache = False
   configlib.validate(config)
-  directory = root / workdirs.CHECKPOINT_SUBDIR
-  available = checkpoint.complete_steps(directory) if directory.is_dir() else []
-  missing = sorted(set(steps or ()) - set(available))
-  if not available or missing:
-    raise errors.UsageError(f"--workdir={workdir} has checkpoints {available}, not {missing}")
   per_epoch = _steps_per_epoch(root, workdir)
   trainer = trainer_lib.build(config, sharding.make_mesh(), steps_per_epoch=per_epoch)
   if model not in trainer.models.names:
@@ -131,7 +122,7 @@ def curvature(workdir: str, steps: Sequence[int] | None, model: str, images: int
   schedule = optim.lr_schedule(config.optim, per_epoch, config.num_epochs)
   rows = []
   with checkpoint.Checkpointer(root, keep=None, async_save=False, read_only=True) as ckpt:
-    for step in sorted(steps or available):
+    for step in steps:
       state = ckpt.restore(trainer.abstract_state, step)
       row = _extremes(
         trainer.models,
