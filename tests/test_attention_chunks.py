@@ -140,6 +140,7 @@ def test_vit_train_step_identical_with_and_without_chunks():
   tolerances.assert_trees_close_to_scale(chunked_grads, plain_grads, 1e-4, "grads", floor=1e-6)
 
 
+@pytest.mark.slow
 def test_evaluation_runs_in_slices_and_still_exposes_the_probabilities():
   """Eval attention runs in the same slices; outputs and captured maps equal the whole batch's."""
   model = vit_lib.ViT(num_classes=5, patch_size=4, embed_dim=12, depth=2, num_heads=3, mlp_dim=24)

@@ -283,12 +283,12 @@ def fit_metrics(fit, grid):
   [
     # Official settings (norm cap every 100 steps) at the test size: a soft impulse, measured
     # acc 0.73-0.75, mass 0.145-0.152 (~9.5x uniform 1/64), over four seeds.
-    (DIM, HEADS, GRID, 3, FIT_STEPS, 100, 0.6, 0.1),
+    pytest.param(DIM, HEADS, GRID, 3, FIT_STEPS, 100, 0.6, 0.1, marks=pytest.mark.slow),
     (DIM, HEADS, GRID, 5, FIT_STEPS, 100, 0.6, 0.1),  # Measured acc 0.73, mass 0.152.
     # Without the cap the same heads fit exactly: measured acc 1.0, mass 0.57.
     (DIM, HEADS, GRID, 3, FIT_STEPS, None, 0.95, 0.4),
     # A wider head (r=32) fits under the cap too: measured acc 1.0, mass 0.37.
-    (128, 4, GRID, 3, FIT_STEPS, 100, 0.95, 0.25),
+    pytest.param(128, 4, GRID, 3, FIT_STEPS, 100, 0.95, 0.25, marks=pytest.mark.slow),
   ],
 )
 def test_impulse_fit_matches_targets(dim, heads, grid, ks, steps, renorm, min_acc, min_mass):
@@ -344,6 +344,7 @@ def test_impulse_init_wiring_and_untouched_params(vit_params):
   np.testing.assert_array_equal(kept["pos_embed"], vit_params["pos_embed"])
 
 
+@pytest.mark.slow
 def test_impulse_init_per_layer_fits(vit_params):
   rng = jax.random.key(5)
   params = impulse_lib.impulse_init(

@@ -96,6 +96,7 @@ def test_resnet50_parameter_count():
   assert count(abstract_variables(resnet.resnet50(1000))["params"]) == 25_557_032
 
 
+@pytest.mark.slow
 def test_efficientnet_b2_parameter_count():
   # timm efficientnet_b2: 9,109,994 with 1000 classes (9.11M); the head is 1408 * C + C.
   expected = 9_109_994 - (1408 * 1000 + 1000) + (1408 * 10 + 10)
@@ -164,7 +165,9 @@ def test_shapes_at_224(build, feature_shapes, pooled):
   assert out["pre_logits"].shape == (2, pooled)
 
 
-@pytest.mark.parametrize("build", [resnet.resnet50, efficientnet.efficientnet_b2])
+@pytest.mark.parametrize(
+  "build", [resnet.resnet50, pytest.param(efficientnet.efficientnet_b2, marks=pytest.mark.slow)]
+)
 def test_bf16_compute_keeps_float32_params_and_logits(build):
   model = build(10, jnp.bfloat16)
   variables = abstract_variables(model)
@@ -194,6 +197,7 @@ def init_params(block, block_input, model):
   return jax.jit(init)(jax.random.key(0, impl="rbg"))
 
 
+@pytest.mark.slow
 def test_resnet_torchvision_init():
   # One full-width stage-3 block: Kaiming normal with fan_out = k * k * out.
   block = resnet.Bottleneck(256, stride=2)
@@ -211,6 +215,7 @@ def test_resnet_torchvision_init():
   assert np.abs(fc["bias"]).max() > 0
 
 
+@pytest.mark.slow
 def test_efficientnet_goog_init():
   # One full-width B2 stage-5 block: depthwise fan_out = k * k (timm fix_group_fanout), not k*k*C.
   block = efficientnet.MBConv(208, kernel=5, stride=2, expand_ratio=6)
@@ -267,6 +272,7 @@ def test_train_updates_batch_stats_and_eval_is_deterministic(setup, request):
   assert not np.allclose(eval_c[1], eval_a[1])
 
 
+@pytest.mark.slow
 def test_efficientnet_dropout_only_in_train(effnet_setup):
   model, variables, step = effnet_setup
   x = images()

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 
 
@@ -13,6 +15,7 @@ def _pytest(shared, *args):
   return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_skipped_fidelity_tests_are_counted_in_one_line_with_the_command(tmp_path):
   proc = _pytest(tmp_path, "tests/test_golden_models.py", "-k", "wrong_depth or vit_logits")
   lines = [line for line in proc.stdout.splitlines() if "fidelity (golden)" in line]

@@ -57,8 +57,8 @@ def _primitives(fn, *args) -> list[str]:
   "x_shape, kernel_shape, strides, padding",
   [
     ((2, 9, 9, 16), (3, 3, 16, 24), (2, 2), ((1, 1), (1, 1))),
-    ((2, 7, 6, 72), (3, 3, 72, 40), (1, 1), "SAME"),
-    ((2, 20, 20, 3), (7, 7, 3, 16), (2, 2), ((3, 3), (3, 3))),
+    pytest.param((2, 7, 6, 72), (3, 3, 72, 40), (1, 1), "SAME", marks=pytest.mark.slow),
+    pytest.param((2, 20, 20, 3), (7, 7, 3, 16), (2, 2), ((3, 3), (3, 3)), marks=pytest.mark.slow),
   ],
 )
 def test_conv_with_matmul_kernel_grad_equals_lax_conv(x_shape, kernel_shape, strides, padding):
@@ -91,7 +91,7 @@ def _taps_problem(heads: int, seed: int, batch: int):
   return k, positions, x, taps, jax.random.normal(kc, x.shape), lax_taps
 
 
-@pytest.mark.parametrize("heads", [6, 9])
+@pytest.mark.parametrize("heads", [pytest.param(6, marks=pytest.mark.slow), 9])
 def test_taps_conv_with_matmul_grad_equals_lax_conv(heads):
   k, positions, x, taps, cotangent, lax_taps = _taps_problem(heads, seed=11, batch=2)
   hybrid = lambda x, t: conv.taps_conv_matmul_grad(x, t, positions, k)
@@ -199,10 +199,10 @@ def test_batch_slices_keep_small_batches_whole_and_align_with_devices():
 @pytest.mark.parametrize(
   "kernel_shape, strides, padding, loops",
   [
-    ((3, 3, 8, 12), (1, 1), "SAME", 2),
+    pytest.param((3, 3, 8, 12), (1, 1), "SAME", 2, marks=pytest.mark.slow),
     ((3, 3, 8, 12), (1, 1), "VALID", 2),
     ((3, 3, 8, 12), (1, 1), ((2, 0), (0, 1)), 2),
-    ((5, 5, 8, 8), (1, 1), "SAME", 2),
+    pytest.param((5, 5, 8, 8), (1, 1), "SAME", 2, marks=pytest.mark.slow),
     ((3, 1, 8, 12), (1, 1), ((1, 1), (0, 0)), 2),
     ((3, 3, 8, 12), (1, 1), ((3, 1), (1, 1)), 1),  # A pad beyond k - 1: XLA's own transpose.
     ((3, 3, 8, 12), (2, 2), ((1, 1), (1, 1)), 0),  # Strided: whole batch, XLA's own transpose.

@@ -80,6 +80,7 @@ def test_main_trains_on_the_split_host(tmp_path, image_folder):
   assert any(key.startswith("eval/") for record in records for key in record)
 
 
+@pytest.mark.slow
 def test_main_refuses_a_count_that_does_not_divide_the_batch(tmp_path, image_folder):
   workdir = tmp_path / "run"
   command = runs.command(workdir, image_folder, "--cpu_devices=3")
@@ -93,6 +94,7 @@ def test_main_refuses_a_count_that_does_not_divide_the_batch(tmp_path, image_fol
 
 
 @pytest.mark.parametrize("tool", ["benchmark", "kernel_ab", "profile_step"])
+@pytest.mark.slow
 def test_perf_tools_lay_the_host_out_as_main_does(tool):
   # The tools share main's flag and rule: a count that does not divide --batch is refused alike.
   command = [sys.executable, "-m", f"vitboot_jax.tools.perf.{tool}", f"--config={runs.TINY}"]

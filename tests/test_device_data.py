@@ -116,6 +116,7 @@ def test_batches_are_a_function_of_the_step(npz_dir):
   np.testing.assert_array_equal(again["image"], arrays[0][epochs[1][32:48]])
 
 
+@pytest.mark.slow
 def test_augmentation_is_keyed_by_seed_epoch_and_index(npz_dir):
   config = _config(npz_dir, train_fraction=1.0)
   mesh = sharding.make_mesh()
@@ -168,6 +169,7 @@ def _chi2_same(a, b):
   return stats.chi2_contingency(table)[1]
 
 
+@pytest.mark.slow
 def test_crop_offsets_and_flips_match_the_tfdata_distribution():
   import tensorflow as tf
 
@@ -237,6 +239,7 @@ def test_device_pipeline_refuses_augmentations_it_lacks(npz_dir):
     configlib.validate(config)
 
 
+@pytest.mark.slow
 def test_imagenet_batches_are_random_resized_crops_keyed_by_seed_epoch_and_index(npz_dir):
   config = _config(npz_dir, augment="imagenet", normalisation="imagenet")
   config.image_size = 24  # Below the stored 32: the crops shrink or grow by their box.

@@ -40,6 +40,7 @@ def make_config(root, stored_size: int, image_size: int = 224):
   return c
 
 
+@pytest.mark.slow
 def test_shipped_crops_resize_on_device_as_on_the_host(noisy_folder):
   device = make_config(noisy_folder, stored_size=32)
   host = make_config(noisy_folder, stored_size=0)
@@ -148,6 +149,7 @@ def _boxes(draws, height, width, scale=device_preprocess.IMAGENET_SCALE):
   return host, np.asarray(jax.jit(jax.vmap(box))(keys))
 
 
+@pytest.mark.slow
 def test_crop_area_and_aspect_match_the_tfdata_distribution():
   """Two-sample KS tests on 4000 boxes each; 56x32 makes a third of the draws the fallback."""
   from scipy import stats
@@ -202,6 +204,7 @@ def test_imagenet_eval_transform_on_device_is_the_hosts(stored):
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_imagenet_augment_is_normalised_crops_at_the_image_size():
   config = _imagenet_config("unused", image_size=24)
   images = np.random.default_rng(3).integers(0, 256, (4, 40, 48, 3), dtype=np.uint8)

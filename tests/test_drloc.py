@@ -275,6 +275,7 @@ def test_head_shapes():
 _REF_CASE = dict(b=2, k=7, d=8, m=16)
 
 
+@pytest.mark.slow
 def test_l1_loss_matches_reference():
   b, k, d, m = (_REF_CASE[n] for n in "bkdm")
   grid = _normal(8, (b, k, k, d))

@@ -80,6 +80,7 @@ def test_label_rank_orders_as_top_k_ties_included():
   assert not jnp.any(evaluate.label_rank(bad, labels)[:2] < 5)
 
 
+@pytest.mark.slow
 def test_sharded_eval_step_gathers_nothing():
   """Every model's sums need only an all-reduce over the batch shards."""
   if jax.device_count() < 2:

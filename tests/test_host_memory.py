@@ -36,6 +36,7 @@ def _run(opt_out: str) -> tuple[str, float]:
 
 
 @pytest.mark.skipif(platform.system() != "Linux", reason="LD_PRELOAD: Linux only")
+@pytest.mark.slow
 def test_reexecution_under_the_allocator_stops_the_page_faults():
   found = host_memory.find_allocator()
   if found is None or host_memory.accelerator_plugin_installed():

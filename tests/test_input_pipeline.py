@@ -103,6 +103,7 @@ def test_batches_shapes_dtypes_and_normalisation(folder):
       np.testing.assert_allclose(image, np.broadcast_to(expected, image.shape), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_epochs_are_seeded_permutations_and_cache_is_transparent(folder):
   config = make_config(folder)
   batches = take(input_pipeline.train_batches(config), 10)
@@ -136,6 +137,7 @@ def test_resume_matches_uninterrupted_run(folder, start_step):
     np.testing.assert_array_equal(a["label"], b["label"])
 
 
+@pytest.mark.slow
 def test_processes_take_disjoint_blocks_of_the_global_batch(folder):
   config = make_config(folder)
   whole = take(input_pipeline.train_batches(config, process_index=0, process_count=1), 6)
@@ -276,6 +278,7 @@ def test_errors(folder, tmp_path):
 # tfds: mocked, and a tiny dataset prepared on disk (real tfrecords, split metadata, sub-splits).
 
 
+@pytest.mark.slow
 def test_tfds_mock_data(tmp_path):
   config = make_config(tmp_path, name="cifar10", num_classes=10, eval_batch_size=16)
   config.batch_size = 8
@@ -330,6 +333,7 @@ def tfds_dir(tmp_path_factory):
   return data_dir
 
 
+@pytest.mark.slow
 def test_tfds_prepared_dataset(tfds_dir):
   config = make_config(tfds_dir, name="vitboot_tiny_images", train_fraction=0.5)
   assert input_pipeline.dataset_info(config) == sources.DatasetInfo(15, 21, 3, 2, CLASSES)
@@ -535,6 +539,7 @@ def test_tfds_cifar_subset_follows_the_original_order(tmp_path):
 # The real CIFAR-10 folder in ../shared (counts from listings; one decoded batch).
 
 
+@pytest.mark.slow
 def test_real_cifar10_folder(cifar10_dir):
   config = make_config(cifar10_dir, num_classes=10, eval_batch_size=100)
   config.batch_size = 50

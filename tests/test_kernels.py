@@ -79,6 +79,7 @@ def _imported_modules(path: pathlib.Path) -> list[str]:
   return modules
 
 
+@pytest.mark.slow
 def test_models_never_import_the_cpu_layer():
   """models/ holds models; the CPU layer (vitboot_jax/cpu/) builds on it, never the reverse."""
   for path in sorted(MODELS.glob("*.py")):
@@ -207,6 +208,7 @@ def _random_words_per_draw(kernels: kernels_lib.Kernels) -> list[int]:
 
 
 @pytest.mark.parametrize("name", ["xla", "cpu"])
+@pytest.mark.slow
 def test_dropout_masks_draw_two_words_not_one_per_element(name):
   """Per-element PRNG bits were 16% of a GPU ViT-S step (docs/accelerators.md): both sets hash."""
   draws = _random_words_per_draw(kernel_sets.for_platform(name, "cpu"))

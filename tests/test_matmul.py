@@ -35,6 +35,7 @@ def test_float32_is_plain_einsum(subscripts):
 
 
 @pytest.mark.parametrize("subscripts", SUBSCRIPTS)
+@pytest.mark.slow
 def test_bfloat16_sums_in_float32_forward_and_backward(subscripts):
   a, b = _operands(subscripts, jnp.bfloat16)
   out = matmul.einsum(subscripts, a, b)

@@ -27,7 +27,7 @@ from vitboot_jax.tools.summary import summarise
     # 4.62G); shared res-like Agent-S ~1.22G: its CONV in factored form costs 2 D^2 per pixel
     # (1.9G as a real 3x3 convolution, 9 D^2).
     ("vits_cifar100", 6_302_404, 212_100, 1.37e9, 1.22e9),
-    ("vitb_cifar100", 21_704_164, 288_804, 4.62e9, None),
+    pytest.param("vitb_cifar100", 21_704_164, 288_804, 4.62e9, None, marks=pytest.mark.slow),
   ],
 )
 def test_paper_model_sizes(config_name, vit_params, agent_private, vit_macs, agent_macs):
@@ -96,7 +96,13 @@ def test_conv_equals_shifted_sum(heads, scheme, kernels):
 
 
 @pytest.mark.parametrize(
-  "heads, scheme", [(9, "official"), (6, "official"), (4, "centered"), (12, "centered")]
+  "heads, scheme",
+  [
+    (9, "official"),
+    (6, "official"),
+    pytest.param(4, "centered", marks=pytest.mark.slow),
+    pytest.param(12, "centered", marks=pytest.mark.slow),
+  ],
 )
 @pytest.mark.parametrize("kernels", [kernels_lib.XLA, cpu_kernels.CPU], ids=["xla", "cpu"])
 def test_shared_conv_equals_conv_over_product_taps(heads, scheme, kernels):

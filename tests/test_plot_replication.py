@@ -376,6 +376,7 @@ def test_every_run_gets_its_own_colour():
     assert len(colours) == n and len({str(c) for c in colours}) == n, n
 
 
+@pytest.mark.slow
 def test_many_runs_put_the_legend_below_the_panels(tmp_path):
   pytest.importorskip("matplotlib")
   heights = {}

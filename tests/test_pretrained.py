@@ -159,6 +159,7 @@ def test_a_model_that_does_not_fit_names_parameter_shapes_and_fix(golden, model,
     _import(path, model, 64)
 
 
+@pytest.mark.slow
 def test_entmax_alpha_starts_fresh_from_softmax_weights(golden):
   _, path = golden
   notes = []

@@ -174,6 +174,7 @@ def test_tensorflow_starts_quietly():
   assert "oneDNN" not in proc.stderr and "absl::InitializeLog" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_summary_prints_no_backend_probe():
   variables = _env(1)
   variables.pop("JAX_PLATFORMS")  # As a user runs it: JAX probes every backend, libtpu included.

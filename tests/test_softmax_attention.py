@@ -23,6 +23,7 @@ def _plain(q, k, v):
 
 
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)])
+@pytest.mark.slow
 def test_values_and_gradients_match_autodiff(dtype, tol):
   kq, kk, kv, kc = jax.random.split(jax.random.key(0), 4)
   shape = (3, 2, 17, 8)
