@@ -42,13 +42,13 @@ def test_a_runs_checkpoint_gives_bounds_the_loss_surface_respects(uninterrupted)
   from vitboot_jax import trainer as trainer_lib
   from vitboot_jax.tools import visualize
 
-  config = visualize._inspection_config(workdirs.read_config(uninterrupted))
+  config = visualize.inspection_config(workdirs.read_config(uninterrupted))
   config.kernels = "xla"
   config.data.cache = False
   trainer = trainer_lib.build(config, sharding.make_mesh(), steps_per_epoch=10)
   with checkpoint.Checkpointer(uninterrupted, keep=None, async_save=False, read_only=True) as c:
     state = c.restore(trainer.abstract_state, last)
-  x, y = hessian._images(config, 40)
+  x, y = visualize.sample_images(config, 40)
   flat, unravel = ravel_pytree(state.params["vit"])
 
   def loss(p):

@@ -240,7 +240,7 @@ def _captured_attention(config, variables, images):
 def test_attention_is_the_one_a_forward_pass_computes(image_folder, fresh, attention):
   from vitboot_jax.models.build import build_models
 
-  config = visualize._inspection_config(_config(image_folder, attention=attention))
+  config = visualize.inspection_config(_config(image_folder, attention=attention))
   models = build_models(config, kernel_sets.for_config(config))
   variables = jax.tree.map(np.asarray, fresh[2])
   if attention == "entmax":  # The softmax tree plus one alpha per layer, away from its init.
@@ -267,6 +267,24 @@ def test_image_files_are_preprocessed_like_eval(image_folder, tmp_path):
     images[:, 5, 5], np.tile((200 / 255 - np.array(mean)) / std, (2, 1)), rtol=1e-5
   )
   np.testing.assert_array_equal(visualize.denormalise(_config(image_folder), images), 200)
+
+
+def test_sampled_images_are_drawn_from_the_whole_split_not_its_first_class(image_folder):
+  config = _config(image_folder)
+  split, split_labels = visualize.sample_images(config, 8)  # All 8, in the split's order.
+  np.testing.assert_array_equal(split_labels, [0, 0, 0, 0, 1, 1, 1, 1])
+  seen = set()
+  for seed in range(20):
+    images, labels = visualize.sample_images(config, 4, seed=seed)
+    at = [int(np.flatnonzero((split == image).all(axis=(1, 2, 3)))[0]) for image in images]
+    assert at == sorted(at) and len(set(at)) == 4  # Distinct examples, in the split's order.
+    np.testing.assert_array_equal(labels, split_labels[at])
+    seen.update(at)
+  assert seen == set(range(8))  # The first four (one class) would never reach past index 3.
+  again = visualize.sample_images(config, 4, seed=19)
+  np.testing.assert_array_equal(again[0], images)
+  with pytest.raises(visualize.errors.UsageError, match="has only 8"):
+    visualize.sample_images(config, 9)
 
 
 def test_a_workdir_needs_its_config_and_a_checkpoint_and_is_left_untouched(image_folder, tmp_path):

@@ -4,13 +4,13 @@ r"""The curvature of a model's cross-entropy at a run's checkpoints, plain and a
   python -m vitboot_jax.tools.hessian --workdir=RUN --model=agent --images=512 --iterations=40
 
 For each checkpoint step: the largest and the smallest eigenvalue of the Hessian of the model's
-mean cross-entropy over the first --images evaluation images (evaluation preprocessing,
-train=False), by Lanczos with full reorthogonalisation on Hessian-vector products (forward over
-reverse mode, the plain XLA kernels); and the same for Adam's preconditioned Hessian
+mean cross-entropy over --images evaluation images drawn uniformly (seeded; evaluation
+preprocessing, train=False), by Lanczos with full reorthogonalisation on Hessian-vector products
+(forward over reverse mode, the plain XLA kernels); and the same for Adam's preconditioned Hessian
 D^1/2 H D^1/2, where D = lr / (sqrt(v) + eps) comes from the step's own optimizer state (v
 bias-corrected; lr of the update that reached the step, the train/lr logged there). Adam with
-momentum b1 is stable along a direction while that curvature stays below (2 + 2 b1) / (1 - b1),
-38 at b1 = 0.9 ("limit" in the output). The mechanism study (docs/results.md) asks with it why a
+momentum b1 is stable along a direction while that curvature stays below (2 + 2 b1) / (1 - b1), 38
+at b1 = 0.9 ("limit" in the output). The mechanism study (docs/results.md) asks with it why a
 model's steps cancel. One line per step, then one JSON list. Reads only.
 """
 
@@ -38,7 +38,6 @@ from vitboot_jax import (
   sharding,
 )
 from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.data import input_pipeline
 from vitboot_jax.tools import adam_state, visualize
 
 
@@ -64,20 +63,6 @@ def lanczos_extremes(
   tridiagonal = np.diag(alphas) + np.diag(betas, 1) + np.diag(betas, -1)
   eigenvalues = np.linalg.eigvalsh(tridiagonal)
   return float(eigenvalues[0]), float(eigenvalues[-1])
-
-
-def _images(config, count: int) -> tuple[jax.Array, jax.Array]:
-  images, labels = [], []
-  for batch in input_pipeline.eval_batches(config, process_index=0, process_count=1):
-    keep = batch["mask"] > 0
-    images.extend(batch["image"][keep])
-    labels.extend(batch["label"][keep])
-    if len(images) >= count:
-      break
-  if len(images) < count:
-    raise errors.UsageError(f"--images={count}: the evaluation split has only {len(images)}")
-  prepared = visualize._finish(config, np.stack(images[:count]))
-  return jnp.asarray(prepared), jnp.asarray(np.asarray(labels[:count]))
 
 
 def _steps_per_epoch(root, workdir: str) -> int:
@@ -110,7 +95,7 @@ def _adam_nu(opt_state: Any, model: str) -> tuple[Any, int]:
 def curvature(workdir: str, steps: Sequence[int] | None, model: str, images: int, iterations: int):
   """The rows of `workdir`'s checkpoints (every complete one, or `steps`)."""
   root, config, _, steps = adam_state.adam_checkpoints(workdir, steps)
-  config = visualize._inspection_config(config)
+  config = visualize.inspection_config(config)
   config.kernels = "xla"  # Forward-over-reverse needs plain ops (the CPU set's are custom VJPs).
   config.data.cache = False
   configlib.validate(config)
@@ -118,7 +103,7 @@ def curvature(workdir: str, steps: Sequence[int] | None, model: str, images: int
   trainer = trainer_lib.build(config, sharding.make_mesh(), steps_per_epoch=per_epoch)
   if model not in trainer.models.names:
     raise errors.UsageError(f"--model={model}: the run trains {list(trainer.models.names)}")
-  x, y = _images(config, images)
+  x, y = (jnp.asarray(a) for a in visualize.sample_images(config, images))
   schedule = optim.lr_schedule(config.optim, per_epoch, config.num_epochs)
   rows = []
   with checkpoint.Checkpointer(root, keep=None, async_save=False, read_only=True) as ckpt:

@@ -65,7 +65,7 @@ class Visualisation:
   agent_maps: list[np.ndarray]  # Per agent block: float32 [B, h, w] feature L2 norms.
 
 
-def _inspection_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def inspection_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy that computes in float32: the figures are for reading, not for speed."""
   config = config.copy_and_resolve_references()
   config.compute_dtype = "float32"
@@ -107,7 +107,7 @@ def load_images(
   if image_files:
     eval_fn = preprocess.make_eval_fn(config)
     images = [eval_fn(preprocess.decode(tf.io.read_file(path))).numpy() for path in image_files]
-    return _finish(config, np.stack(images)), list(image_files)
+    return prepare(config, np.stack(images)), list(image_files)
   if num_images < 1:
     raise ValueError(f"--num_images={num_images} must be at least 1")
   config = config.copy_and_resolve_references()
@@ -121,10 +121,45 @@ def load_images(
     raise ValueError(f"config.data.eval_split={config.data.eval_split!r} has no images")
   split = config.data.eval_split
   names = [f"{split}[{i}]" for i in range(min(num_images, len(images)))]
-  return _finish(config, np.stack(images[:num_images])), names
+  return prepare(config, np.stack(images[:num_images])), names
 
 
-def _finish(config: ml_collections.ConfigDict, images: np.ndarray) -> np.ndarray:
+def sample_images(
+  config: ml_collections.ConfigDict, count: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+  """(images prepared as the model sees them, labels) of `count` evaluation examples drawn
+  uniformly without replacement (seeded), in the split's order.
+
+  Not the first `count`: an image folder lists its split class by class, so those are one class.
+  One pass over config.data.eval_split, holding only the sample (reservoir sampling).
+  """
+  if count < 1:
+    raise errors.UsageError(f"--images={count} must be at least 1")
+  config = config.copy_and_resolve_references()
+  config.data.cache = False  # One pass: a cache would only hold the whole split in memory.
+  rng = np.random.default_rng(seed)
+  kept: list[tuple[int, np.ndarray, int]] = []  # (position in the split, image, label)
+  seen = 0
+  for batch in input_pipeline.eval_batches(config, process_index=0, process_count=1):
+    keep = batch["mask"] > 0
+    for image, label in zip(batch["image"][keep], batch["label"][keep]):
+      if seen < count:
+        kept.append((seen, image, int(label)))
+      else:
+        slot = int(rng.integers(0, seen + 1))
+        if slot < count:
+          kept[slot] = (seen, image, int(label))
+      seen += 1
+  if seen < count:
+    raise errors.UsageError(
+      f"--images={count}: config.data.eval_split={config.data.eval_split!r} has only {seen}"
+    )
+  kept.sort(key=lambda item: item[0])
+  images = prepare(config, np.stack([image for _, image, _ in kept]))
+  return images, np.asarray([label for _, _, label in kept], np.int32)
+
+
+def prepare(config: ml_collections.ConfigDict, images: np.ndarray) -> np.ndarray:
   """Pipeline output -> model input (uint8 stored-size images are resized as the steps do)."""
   prepared = device_preprocess.make_prepare(config)(jnp.asarray(images))
   return np.asarray(prepared, np.float32)
@@ -193,7 +228,7 @@ def run(
     out_dir = out_dir or os.path.join(workdir, FIGURES_SUBDIR)
   elif not out_dir:
     raise errors.UsageError("--config shows a fresh init: give --out=DIR for its figures")
-  config = _inspection_config(config)
+  config = inspection_config(config)
   configlib.validate(config)
   # The optimizer state's tree does not depend on the schedule's length, so one step per epoch
   # is enough to describe it, and no dataset has to be opened for --images.
