@@ -49,7 +49,7 @@ import errno
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -511,6 +511,21 @@ def complete_steps(directory: epath.PathLike) -> list[int]:
   if not directory.is_dir():
     return []
   return sorted(int(d.name) for d in directory.iterdir() if d.name.isdigit() and _has_marker(d))
+
+
+def steps_to_read(workdir: str, steps: Sequence[int] | None = None) -> tuple[epath.Path, list[int]]:
+  """(absolute `workdir`, `steps` or every complete checkpoint step of it, oldest first), for the
+  tools that read a run; no complete checkpoint, or one of `steps` missing, is one UsageError."""
+  root = absolute(workdir)
+  available = complete_steps(root / CHECKPOINT_SUBDIR)
+  if not available:
+    raise errors.UsageError(f"--workdir={workdir} has no complete checkpoint to read")
+  missing = sorted(set(steps or ()) - set(available))
+  if missing:
+    raise errors.UsageError(
+      f"--workdir={workdir} has no checkpoint of step(s) {missing}; it has {available}"
+    )
+  return root, sorted(steps or available)
 
 
 def absolute(path: epath.PathLike) -> epath.Path:

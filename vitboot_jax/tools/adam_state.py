@@ -100,23 +100,14 @@ def adam_checkpoints(
 ) -> tuple[epath.Path, Any, epath.Path, list[int]]:
   """(absolute workdir, its config, its checkpoint directory, the steps to read: `steps` or every
   complete one, oldest first) of a run trained with Adam; anything else is one UsageError line."""
-  root = checkpoint.absolute(workdir)
+  root, steps = checkpoint.steps_to_read(workdir, steps)
   config = workdirs.read_config(root)
   if config.optim.name != "adamw":
     raise errors.UsageError(
       f"--workdir={workdir} trained with optim.name={config.optim.name!r}: this tool reads "
       "Adam's state"
     )
-  directory = root / workdirs.CHECKPOINT_SUBDIR
-  available = checkpoint.complete_steps(directory) if directory.is_dir() else []
-  if not available:
-    raise errors.UsageError(f"--workdir={workdir} has no complete checkpoint to read")
-  missing = sorted(set(steps or ()) - set(available))
-  if missing:
-    raise errors.UsageError(
-      f"--workdir={workdir} has no checkpoint of step(s) {missing}; it has {available}"
-    )
-  return root, config, directory, sorted(steps or available)
+  return root, config, root / workdirs.CHECKPOINT_SUBDIR, steps
 
 
 def read_workdir(workdir: str, steps: Sequence[int] | None = None) -> list[dict]:

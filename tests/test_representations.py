@@ -1,0 +1,55 @@
+"""tools/representations: how diverse a run's ViT tokens are, layer by layer."""
+
+import numpy as np
+import pytest
+
+from vitboot_jax import checkpoint, errors
+from vitboot_jax.tools import representations
+
+
+def test_effective_rank_counts_the_directions_the_rows_spread_in():
+  rng = np.random.default_rng(0)
+  assert representations.effective_rank(rng.standard_normal((20000, 8))) == pytest.approx(8, 0.02)
+  line = np.outer(rng.standard_normal(500), rng.standard_normal(8)) + 3.0
+  assert representations.effective_rank(line) == pytest.approx(1.0)
+  assert representations.effective_rank(np.ones((5, 8))) == 0.0
+  scaled = rng.standard_normal((20000, 2)) * [1.0, 0.5]  # Eigenvalues 1 and 1/4: 1.25^2 / 1.0625.
+  assert representations.effective_rank(scaled) == pytest.approx(1.25**2 / 1.0625, rel=0.03)
+
+
+def test_token_measures_tell_alike_positions_from_independent_ones():
+  rng = np.random.default_rng(1)
+  per_image = rng.standard_normal((64, 1, 16))
+  alike = representations.token_stats(np.repeat(per_image, 10, axis=1))
+  assert alike["token_cosine"] == pytest.approx(1.0)
+  assert alike["token_spread"] == pytest.approx(0.0, abs=1e-12)
+  independent = representations.token_stats(rng.standard_normal((64, 10, 16)))
+  assert abs(independent["token_cosine"]) < 0.02
+  assert independent["token_spread"] == pytest.approx(0.9, abs=0.03)  # (N - 1) / N of it.
+  assert independent["token_rank"] == pytest.approx(16, rel=0.1)
+
+
+def test_attention_entropy_runs_from_zero_to_uniform():
+  features = np.random.default_rng(2).standard_normal((4, 5, 8))
+  uniform = representations.layer_stats(features, np.full((4, 3, 5, 5), 0.2))
+  assert uniform["entropy"] == pytest.approx(np.log(5)) == uniform["entropy_uniform"]
+  one_hot = representations.layer_stats(features, np.broadcast_to(np.eye(5), (4, 3, 5, 5)))
+  assert one_hot["entropy"] == pytest.approx(0.0, abs=1e-9)
+  assert one_hot["cls_rank"] > 1.0  # Four class tokens of random features spread.
+
+
+@pytest.mark.slow
+def test_a_runs_checkpoints_give_a_row_per_step_for_every_block(uninterrupted, tmp_path):
+  steps = checkpoint.complete_steps(uninterrupted / "checkpoints")
+  rows = representations.read_workdir(str(uninterrupted), None, images=40)
+  assert [r["step"] for r in rows] == steps
+  for row in rows:
+    assert len(row["layers"]) == 2 and len(row["agent_layers"]) == 2  # Tiny: 2 blocks, shared.
+    assert 0.0 <= row["top1"] <= 1.0
+    for layer in row["layers"]:
+      assert 0.0 < layer["token_rank"] <= 36 and 0.0 <= layer["token_spread"] <= 1.0
+      assert 0.0 < layer["entropy"] <= layer["entropy_uniform"] + 1e-9
+  again = representations.read_workdir(str(uninterrupted), steps[-1:], images=40)
+  assert again[0] == rows[-1]  # The same seeded sample, the same checkpoint.
+  with pytest.raises(errors.UsageError, match="no complete checkpoint"):
+    representations.read_workdir(str(tmp_path), None, images=40)

@@ -1,0 +1,154 @@
+r"""What a run's ViT holds in each layer at its checkpoints: how diverse its tokens are.
+
+  python -m vitboot_jax.tools.representations --workdir=workdirs/quickstart
+  python -m vitboot_jax.tools.representations --workdir=RUN_A --workdir=RUN_B --steps=200,390
+
+On --images evaluation images drawn uniformly (seeded; evaluation preprocessing, train=False),
+for each checkpoint step and each ViT block's output (the features the hint compares):
+  token_rank      effective rank of the patch tokens (all images and positions, centred): the
+                  participation ratio (sum s)^2 / sum s^2 of their covariance's eigenvalues s;
+  token_cosine    mean cosine between two different patch tokens of one image (1: all alike);
+  token_spread    the share of the patch tokens' variance that lies between positions of one
+                  image rather than between images (0: every position of an image alike);
+  cls_rank        effective rank of the class tokens across images;
+  entropy         mean entropy of the attention rows (nats; uniform attention: log tokens);
+and, where the run has an agent, the first three for each agent block's feature map (its
+positions as tokens).
+Tokens that all become alike (rank collapse, over-smoothing) leave the classifier little to read
+and the gradient few directions; the mechanism study (docs/results.md) reads the hint's effect
+with it. One line per step, then one JSON list. Reads only.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from vitboot_jax import checkpoint, cli, configlib, errors, quiet, sharding, workdirs
+from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.models import vit as vit_lib
+from vitboot_jax.tools import visualize
+
+
+def effective_rank(x: np.ndarray) -> float:
+  """Participation ratio of the covariance of the rows of `x` [n, d]: d for isotropic rows, 1
+  for rows on one line, 0 when all rows are equal."""
+  x = np.asarray(x, np.float64)
+  s = np.linalg.svd(x - x.mean(0), compute_uv=False) ** 2
+  return float(s.sum() ** 2 / (s**2).sum()) if s.sum() > 0 else 0.0
+
+
+def token_stats(tokens: np.ndarray) -> dict[str, float]:
+  """token_rank, token_cosine and token_spread of `tokens` [B, N, D] (N positions per image)."""
+  tokens = np.asarray(tokens, np.float64)
+  n = tokens.shape[1]
+  unit = tokens / np.maximum(np.linalg.norm(tokens, axis=-1, keepdims=True), 1e-12)
+  gram = np.einsum("bnd,bmd->bnm", unit, unit)
+  cosine = (gram.sum((1, 2)) - np.trace(gram, axis1=1, axis2=2)) / (n * (n - 1))
+  total = tokens.reshape(-1, tokens.shape[-1]).var(0).sum()
+  within = tokens.var(1).sum(-1).mean()
+  return {
+    "token_rank": effective_rank(tokens.reshape(-1, tokens.shape[-1])),
+    "token_cosine": float(cosine.mean()),
+    "token_spread": float(within / total) if total > 0 else 0.0,
+  }
+
+
+def layer_stats(features: np.ndarray, attention: np.ndarray) -> dict[str, float]:
+  """The measures of one ViT block: `features` [B, 1 + N, D] (class token first), `attention`
+  [B, heads, T, T] probabilities."""
+  f = np.asarray(features, np.float64)
+  p = np.asarray(attention, np.float64)
+  return {
+    **token_stats(f[:, 1:]),
+    "cls_rank": effective_rank(f[:, 0]),
+    "entropy": float(-(p * np.log(np.maximum(p, 1e-30))).sum(-1).mean()),
+    "entropy_uniform": float(np.log(p.shape[-1])),
+  }
+
+
+def read_workdir(
+  workdir: str, steps: Sequence[int] | None, images: int, seed: int = 0
+) -> list[dict]:
+  """The rows of `workdir`'s checkpoints (every complete one, or `steps`), oldest first."""
+  root, steps = checkpoint.steps_to_read(workdir, steps)
+  config = visualize.inspection_config(workdirs.read_config(root))
+  configlib.validate(config)
+  trainer = trainer_lib.build(config, sharding.make_mesh(), steps_per_epoch=1)
+  if "vit" not in trainer.models.names:
+    raise errors.UsageError(f"--workdir={workdir} trains {list(trainer.models.names)}: no ViT")
+  x, y = visualize.sample_images(config, images, seed)
+  forward = jax.jit(functools.partial(vit_lib.attention_of, trainer.models.vit))
+  agent = None
+  if "agent" in trainer.models.names:
+    agent = jax.jit(
+      lambda v, x: trainer.models.apply(v, x, train=False, names=("agent",))[0]["agent"][1][
+        "features"
+      ]
+    )
+  rows = []
+  with checkpoint.Checkpointer(root, keep=None, async_save=False, read_only=True) as ckpt:
+    for step in steps:
+      state = ckpt.restore(trainer.abstract_state, step)
+      (logits, out), probs = forward({"params": state.params["vit"]}, x)
+      layers = [layer_stats(f, p) for f, p in zip(out["features"], probs)]
+      top1 = float(np.mean(np.asarray(logits).argmax(-1) == y))
+      row = {"workdir": workdir, "step": int(step), "top1": top1, "layers": layers}
+      if agent is not None:  # The hint's other side: the same measures of its feature maps.
+        maps = agent({"params": state.params, "batch_stats": state.batch_stats}, x)
+        row["agent_layers"] = [token_stats(m.reshape(m.shape[0], -1, m.shape[-1])) for m in maps]
+      rows.append(row)
+  return rows
+
+
+_WORKDIRS = _STEPS = _IMAGES = _SEED = None
+
+
+def define_flags() -> None:
+  global _WORKDIRS, _STEPS, _IMAGES, _SEED
+  _WORKDIRS = flags.DEFINE_multi_string("workdir", None, "A run directory (repeat for several).")
+  _STEPS = flags.DEFINE_list("steps", None, "Checkpoint steps to read (default: every one).")
+  _IMAGES = flags.DEFINE_integer("images", 256, "Evaluation images drawn for the measures.")
+  _SEED = flags.DEFINE_integer("seed", 0, "Seed of the image sample.")
+  flags.mark_flag_as_required("workdir")
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(f"unexpected arguments: {argv[1:]}")
+  quiet.libraries()  # Reading a checkpoint logs orbax INFO lines.
+  steps = [int(s) for s in _STEPS.value] if _STEPS.value else None
+  rows = []
+  try:
+    for workdir in _WORKDIRS.value:
+      rows += read_workdir(workdir, steps, _IMAGES.value, _SEED.value)
+  except errors.UsageError as error:
+    cli.fail(str(error))
+  for r in rows:
+    line = lambda key, fmt, layers: f"{key} " + " ".join(format(x[key], fmt) for x in layers)
+    vit = [
+      line(key, fmt, r["layers"])
+      for key, fmt in [
+        ("token_rank", ".2f"),
+        ("token_cosine", ".3f"),
+        ("token_spread", ".3f"),
+        ("cls_rank", ".2f"),
+        ("entropy", ".2f"),
+      ]
+    ]
+    print(f"{r['workdir']}  step {r['step']:6d}  top-1 {r['top1']:.3f}  vit  " + "  ".join(vit))
+    if "agent_layers" in r:
+      keys = [("token_rank", ".2f"), ("token_cosine", ".3f"), ("token_spread", ".3f")]
+      agent = [line(key, fmt, r["agent_layers"]) for key, fmt in keys]
+      print(f"{r['workdir']}  step {r['step']:6d}  agent  " + "  ".join(agent))
+  print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
