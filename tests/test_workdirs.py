@@ -386,3 +386,22 @@ def test_a_field_added_at_its_default_is_no_change():
   assert workdirs.changed_fields(saved, config) == []
   config.loss.feature_until = 0.5
   assert workdirs.changed_fields(saved, config) == ["loss.feature_until: (unset) -> 0.5"]
+
+
+def test_a_run_written_before_a_field_existed_reads_back_with_its_default(tmp_path):
+  from tests.config_files import load_config
+
+  config = load_config("tiny_config", "mode=joint")
+  config.loss.feature = 3.0
+  saved = json.loads(config.to_json_best_effort())
+  del saved["loss"]["feature_until"], saved["log_every_steps"]  # As an older version wrote it.
+  (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(saved))
+  read = workdirs.read_config(tmp_path)
+  defaults = configlib.base_config()
+  assert read.loss.feature_until == defaults.loss.feature_until
+  assert read.log_every_steps == defaults.log_every_steps
+  assert read.loss.feature == 3.0 and read.mode == "joint"  # What the run saved stays.
+  configlib.validate(read)  # Tools validate what they read.
+  expected = json.loads(config.to_json_best_effort())
+  expected["log_every_steps"] = defaults.log_every_steps
+  assert json.loads(read.to_json_best_effort()) == expected  # Nothing else added or changed.

@@ -59,7 +59,20 @@ def read_config(workdir: epath.PathLike) -> ml_collections.ConfigDict:
     raise errors.WorkdirError(
       f"--workdir={workdir} has no {CONFIG_FILE}: give the workdir of a training run"
     )
-  return ml_collections.ConfigDict(json.loads(config_file.read_text()))
+  saved = json.loads(config_file.read_text())
+  return ml_collections.ConfigDict(_with_defaults(saved, configlib.base_config().to_dict()))
+
+
+def _with_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+  """`saved` with every field it lacks set to its default: a run written before a field existed
+  ran with the default's behaviour (the rule changed_fields relies on too)."""
+  merged = dict(saved)
+  for key, default in defaults.items():
+    if key not in merged:
+      merged[key] = default
+    elif isinstance(merged[key], dict) and isinstance(default, dict):
+      merged[key] = _with_defaults(merged[key], default)
+  return merged
 
 
 _MAX_CHANGES_SHOWN = 6
