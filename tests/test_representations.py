@@ -49,6 +49,7 @@ def test_a_runs_checkpoints_give_a_row_per_step_for_every_block(uninterrupted, t
     for layer in row["layers"]:
       assert 0.0 < layer["token_rank"] <= 36 and 0.0 <= layer["token_spread"] <= 1.0
       assert 0.0 < layer["entropy"] <= layer["entropy_uniform"] + 1e-9
+    assert len(row["hint"]) == 2 and all(0.0 <= h["floor"] <= 2.0 for h in row["hint"])
   again = representations.read_workdir(str(uninterrupted), steps[-1:], images=40)
   assert again[0] == rows[-1]  # The same seeded sample, the same checkpoint.
   with pytest.raises(errors.UsageError, match="no complete checkpoint"):

@@ -164,6 +164,20 @@ def feature_loss(
   )
 
 
+def feature_loss_floor(
+  agent_map: jax.Array, vit_tokens: int, *, adapt: str = "seq1d", ln_eps: float = 1e-5
+) -> jax.Array:
+  """The official hint's loss (`feature_loss`, formula "official") of a ViT that gives every
+  position of an image the same token, the best such token: where regressing to the image's mean
+  target leaves it. `vit_tokens` is the ViT's number of patch tokens; float32 scalar."""
+  b, h, w, d = agent_map.shape
+  agent = agent_map.astype(jnp.float32).reshape(b, h * w, d)
+  _, agent = _adapt(jnp.zeros((b, vit_tokens, d), jnp.float32), agent, (h, w), adapt)
+  target = _layer_norm(agent, ln_eps)
+  best = _layer_norm(jnp.mean(target, axis=1, keepdims=True), ln_eps)  # Maximises <mean, t>.
+  return jnp.mean(jnp.square(target - best))
+
+
 def feature_losses(
   vit_features: Sequence[jax.Array],
   agent_features: Sequence[jax.Array],

@@ -13,7 +13,9 @@ for each checkpoint step and each ViT block's output (the features the hint comp
   cls_rank        effective rank of the class tokens across images;
   entropy         mean entropy of the attention rows (nats; uniform attention: log tokens);
 and, where the run has an agent, the first three for each agent block's feature map (its
-positions as tokens).
+positions as tokens), and per layer pair the official hint's loss beside its floor: the loss of
+the best token shared by every position of an image (a ViT that regresses to the image's mean
+target sits there; tokens unrelated to the target give about 2).
 Tokens that all become alike (rank collapse, over-smoothing) leave the classifier little to read
 and the gradient few directions; the mechanism study (docs/results.md) reads the hint's effect
 with it. One line per step, then one JSON list. Reads only.
@@ -29,7 +31,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from vitboot_jax import checkpoint, cli, configlib, errors, quiet, sharding, workdirs
+from vitboot_jax import checkpoint, cli, configlib, errors, losses, quiet, sharding, workdirs
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.tools import visualize
@@ -72,6 +74,17 @@ def layer_stats(features: np.ndarray, attention: np.ndarray) -> dict[str, float]
   }
 
 
+def hint_fit(vit_features: jax.Array, agent_map: jax.Array, adapt: str) -> dict[str, float]:
+  """The official hint's loss of one layer pair (the ViT's raw tokens: a projector aside) beside
+  its floor, the loss of the best token shared by all positions of an image: a loss at its floor
+  is a ViT that matches only the image's mean target (tokens unrelated to it give about 2)."""
+  n = vit_features.shape[1] - 1
+  return {
+    "loss": float(losses.feature_loss(vit_features, agent_map, adapt=adapt)),
+    "floor": float(losses.feature_loss_floor(agent_map, n, adapt=adapt)),
+  }
+
+
 def read_workdir(
   workdir: str, steps: Sequence[int] | None, images: int, seed: int = 0
 ) -> list[dict]:
@@ -102,6 +115,8 @@ def read_workdir(
       if agent is not None:  # The hint's other side: the same measures of its feature maps.
         maps = agent({"params": state.params, "batch_stats": state.batch_stats}, x)
         row["agent_layers"] = [token_stats(m.reshape(m.shape[0], -1, m.shape[-1])) for m in maps]
+        if len(maps) == len(out["features"]):
+          row["hint"] = [hint_fit(f, m, config.loss.adapt) for f, m in zip(out["features"], maps)]
       rows.append(row)
   return rows
 
@@ -146,6 +161,9 @@ def main(argv):
       keys = [("token_rank", ".2f"), ("token_cosine", ".3f"), ("token_spread", ".3f")]
       agent = [line(key, fmt, r["agent_layers"]) for key, fmt in keys]
       print(f"{r['workdir']}  step {r['step']:6d}  agent  " + "  ".join(agent))
+    if "hint" in r:
+      pairs = " ".join(f"{h['loss']:.3f}/{h['floor']:.3f}" for h in r["hint"])
+      print(f"{r['workdir']}  step {r['step']:6d}  hint loss/floor per layer  {pairs}")
   print(json.dumps(rows))
 
 
