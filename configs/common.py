@@ -97,11 +97,12 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
 
   Variants of the feature term and of the agent's start, none in the paper or the authors' code
   (the mechanism study; each off by default): form=paper (Eq. 6's L2-normalised distance instead of
-  the official LayerNorm-MSE), layers=K (the last K layer pairs only), projector=linear (a
-  learnable linear map of the ViT's tokens before the loss, FitNets), balance=C (the hint's
-  gradient on the ViT at most C times the CE's), until=F (the hint during the first fraction F of
-  the steps only), gate=A (the hint off until the agent's running train top-1 reaches A),
-  teacher=PATH (joint: the agent starts from a run of ours) and frozen=1 (joint: the agent is
+  the official LayerNorm-MSE) or form=corr (1 - the correlation over positions, per channel: no
+  reward for one token shared by all positions), layers=K (the last K layer pairs only),
+  projector=linear (a learnable linear map of the ViT's tokens before the loss, FitNets), balance=C
+  (the hint's gradient on the ViT at most C times the CE's), until=F (the hint during the first
+  fraction F of the steps only), gate=A (the hint off until the agent's running train top-1 reaches
+  A), teacher=PATH (joint: the agent starts from a run of ours) and frozen=1 (joint: the agent is
   never updated).
   """
   c.sam.rho = 0.1 if arg.sam == 1 else arg.sam

@@ -210,6 +210,30 @@ def test_feature_loss_zero_when_features_match(formula):
   np.testing.assert_allclose(losses.feature_loss(vit, agent, formula=formula), 0.0, atol=1e-6)
 
 
+def test_correlation_form_rewards_the_pattern_over_positions_not_the_images_mean():
+  rng = np.random.default_rng(8)
+  agent = rng.normal(size=(2, 4, 4, 8)).astype(np.float32)
+  tokens = agent.reshape(2, 16, 8)
+  with_cls = lambda t: jnp.concatenate([jnp.zeros((2, 1, 8), jnp.float32), t], axis=1)
+  loss = lambda t: float(losses.feature_loss(with_cls(t), agent, formula="corr"))
+  assert loss(tokens) == pytest.approx(0.0, abs=1e-4)
+  # Per image and channel, a positive scale and any shift of the ViT's side change nothing.
+  scale, shift = rng.uniform(0.5, 3, (2, 1, 8)), rng.normal(size=(2, 1, 8))
+  assert loss(tokens * scale + shift) == pytest.approx(0.0, abs=1e-4)
+  assert loss(-tokens) == pytest.approx(2.0, abs=1e-4)
+  # One token at every position (the image's mean): no reward, and a gradient away from it.
+  shared = np.repeat(tokens.mean(1, keepdims=True), 16, axis=1)
+  assert loss(shared) == pytest.approx(1.0, abs=1e-6)
+  grad = jax.grad(lambda t: losses.feature_loss(with_cls(t), agent, formula="corr"))(
+    jnp.asarray(shared + 1e-3 * rng.normal(size=shared.shape).astype(np.float32))
+  )
+  assert float(jnp.abs(grad).max()) > 1.0
+  # The MSE forms instead reward the shared token over tokens unrelated to the target.
+  unrelated = rng.normal(size=tokens.shape).astype(np.float32)
+  official = lambda t: float(losses.feature_loss(with_cls(t), agent))
+  assert official(shared) < official(unrelated)
+
+
 @pytest.mark.parametrize("adapt", ["seq1d", "pool2d"])
 def test_feature_loss_floor_is_the_best_token_shared_by_an_image(adapt):
   rng = np.random.default_rng(4)
@@ -230,7 +254,7 @@ def test_feature_loss_floor_is_the_best_token_shared_by_an_image(adapt):
   assert float(losses.feature_loss_floor(constant, 16, adapt=adapt)) < 1e-6
 
 
-@pytest.mark.parametrize("formula", ["official", "paper"])
+@pytest.mark.parametrize("formula", ["official", "paper", "corr"])
 @pytest.mark.parametrize("adapt", ["seq1d", "pool2d"])
 def test_feature_loss_teacher_has_no_gradient(formula, adapt):
   rng = np.random.default_rng(7)

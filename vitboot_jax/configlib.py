@@ -22,7 +22,7 @@ from vitboot_jax.models.choices import (  # noqa: F401
 MODES = ("vit", "agent", "joint", "shared", "cnn")
 FEATURE_DECAYS = ("epoch", "step", "none")  # How the feature-loss weight decays (losses.py).
 ADAPTERS = ("seq1d", "pool2d")  # Feature size adaptation (losses.py).
-FEATURE_FORMULAS = ("official", "paper")  # The feature loss's form (losses.py).
+FEATURE_FORMULAS = ("official", "paper", "corr")  # The feature loss's form (losses.py).
 PROJECTORS = ("none", "linear")  # A learnable map of the ViT's tokens before the hint (steps.py).
 
 # The one list of each choice, checked here before anything heavy is imported and imported by the

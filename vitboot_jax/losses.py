@@ -118,6 +118,15 @@ def _l2_normalise(x: jax.Array) -> jax.Array:
   return x * jax.lax.rsqrt(jnp.maximum(sq, 1e-24))
 
 
+def _position_correlation(x: jax.Array, y: jax.Array, eps: float) -> jax.Array:
+  """[B, D]: per image and channel, the correlation of x and y [B, N, D] over the N positions; eps
+  keeps it in [-1, 1] and finite where a side does not vary (a shared token correlates 0)."""
+  x = x - jnp.mean(x, axis=1, keepdims=True)
+  y = y - jnp.mean(y, axis=1, keepdims=True)
+  cov = jnp.mean(x * y, axis=1)
+  return cov * jax.lax.rsqrt((jnp.mean(x * x, axis=1) + eps) * (jnp.mean(y * y, axis=1) + eps))
+
+
 def feature_loss(
   vit_tokens: jax.Array,
   agent_map: jax.Array,
@@ -132,8 +141,10 @@ def feature_loss(
     vit_tokens: [B, 1+N, D] ViT block output with the cls token first (it has no spatial
       counterpart and is dropped); patches in row-major order.
     agent_map: [B, h, w, D] agent block output (NHWC); the teacher, so it gets no gradient.
-    formula: "official" (non-affine LN on both sides, then MSE over all elements) or "paper"
-      (Eq. 6: squared distance of the per-image L2-normalised flattened features).
+    formula: "official" (non-affine LN on both sides, then MSE over all elements), "paper"
+      (Eq. 6: squared distance of the per-image L2-normalised flattened features) or "corr" (a
+      variant: 1 - the correlation over positions, per image and channel; a token shared by all
+      positions of an image earns nothing, where the MSE forms reward the image's mean target).
     adapt: "seq1d" (official: 1-D average pooling of the longer flattened sequence, which does not
       preserve 2-D neighbourhoods) or "pool2d" (2-D average pooling on the token grid, AP-2D).
     ln_eps: epsilon of the official hint LayerNorms.
@@ -159,6 +170,8 @@ def feature_loss(
   if formula == "paper":
     diff = _l2_normalise(agent) - _l2_normalise(vit)
     return jnp.mean(jnp.sum(jnp.square(diff), axis=(1, 2)))
+  if formula == "corr":
+    return jnp.mean(1.0 - _position_correlation(vit, agent, ln_eps))
   raise ValueError(
     f"config.loss.feature_loss={formula!r} is unknown; choose one of {configlib.FEATURE_FORMULAS}"
   )

@@ -225,6 +225,11 @@ def _mechanism_rows(config: str) -> tuple[Row, ...]:
     row("joint_last2", "mode=joint,layers=2", "3 strength: the last 2 of 6 layers only"),
     row("joint_paper_form", "mode=joint,form=paper", "3 form: the paper's Eq. 6 (L2-normalised)"),
     row(
+      "joint_corr_form",
+      "mode=joint,form=corr",
+      "3 form: correlation over positions (no reward for the image's mean target)",
+    ),
+    row(
       "joint_gate35",
       "mode=joint,gate=0.35",
       "1 teacher: hint on once the agent's train top-1 >= 35%",
