@@ -269,6 +269,7 @@ def test_image_files_are_preprocessed_like_eval(image_folder, tmp_path):
   np.testing.assert_array_equal(visualize.denormalise(_config(image_folder), images), 200)
 
 
+@pytest.mark.slow
 def test_sampled_images_are_drawn_from_the_whole_split_not_its_first_class(image_folder):
   config = _config(image_folder)
   split, split_labels = visualize.sample_images(config, 8)  # All 8, in the split's order.
