@@ -4,6 +4,7 @@ The end-to-end tests re-run the same command after every fault, as a user would,
 with the uninterrupted run of the same config (conftest's `uninterrupted`).
 """
 
+import errno
 import functools
 import json
 import os
@@ -228,6 +229,30 @@ def test_non_finite_loss_stops_before_saving_it(image_folder, tmp_path, monkeypa
   assert f"newest complete checkpoint is step 4 ({workdir / 'checkpoints' / '4'})" in message
   assert "loss_vit=" in message and "config.optim.lr" in message
   assert sorted(os.listdir(workdir / "checkpoints")) == ["4"]
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_metrics_is_one_line(image_folder, tmp_path, monkeypatch):
+  """The disk may fill under metrics.jsonl before any save notices: one line, the file, the fix
+  and the checkpoint a re-run resumes from (step 4 of 10)."""
+  from vitboot_jax import metrics as metrics_lib
+
+  append, calls = metrics_lib._append_text, []
+
+  def full_after_step_4(path, text):
+    calls.append(text)
+    if '"step": 6' in text:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    append(path, text)
+
+  monkeypatch.setattr(metrics_lib, "_append_text", full_after_step_4)
+  workdir = tmp_path / "full"
+  with pytest.raises(train.WriteError) as info:
+    train.train_and_evaluate(_tiny_config(image_folder), str(workdir))
+  message = str(info.value)
+  assert "\n" not in message and f"Writing {workdir / 'metrics.jsonl'} failed" in message
+  assert "No space left on device" in message and "Free disk space" in message
+  assert "newest complete checkpoint (step 4), which is intact" in message
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty"])

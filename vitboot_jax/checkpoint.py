@@ -399,22 +399,25 @@ class Checkpointer:
     except CheckpointError:
       raise
     except Exception as error:  # Orbax and tensorstore raise many types; each is one line.
-      cause = _os_error(error)
-      if cause is None:
-        code, reason = None, errors.first_line(error)
-      else:
-        code, reason = cause
-      try:
-        complete = [s for s in sorted(self._manager.all_steps()) if self._is_complete(s)]
-        kept = f"step {complete[-1]}" if complete else "none yet"
-      except Exception:  # The directory itself may be unreadable now.
-        kept = "unknown: the directory cannot be listed"
       what = f"step {step}" if step is not None else "a checkpoint"
-      raise CheckpointSaveError(
-        f"Saving {what} under {self._directory} failed: {reason}. "
-        f"{_WRITE_FIX.get(code, 'Fix the cause')} and re-run the same command; it resumes "
-        f"from the newest complete checkpoint ({kept}), which is intact."
-      ) from error
+      message = self.write_failure(f"Saving {what} under {self._directory}", error)
+      raise CheckpointSaveError(message) from error
+
+  def write_failure(self, what: str, error: BaseException) -> str:
+    """One line for a failed write into the run: `what` (e.g. "Writing RUN/metrics.jsonl"), the
+    cause, its fix, and the newest complete checkpoint, from which a re-run resumes."""
+    cause = _os_error(error)
+    code, reason = (None, errors.first_line(error)) if cause is None else cause
+    try:
+      complete = [s for s in sorted(self._manager.all_steps()) if self._is_complete(s)]
+      kept = f"step {complete[-1]}" if complete else "none yet"
+    except Exception:  # The directory itself may be unreadable now.
+      kept = "unknown: the directory cannot be listed"
+    return (
+      f"{what} failed: {reason}. "
+      f"{_WRITE_FIX.get(code, 'Fix the cause')} and re-run the same command; it resumes "
+      f"from the newest complete checkpoint ({kept}), which is intact."
+    )
 
   def _is_complete(self, step: int) -> bool:
     return _has_marker(self.step_dir(step))

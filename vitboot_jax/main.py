@@ -148,7 +148,7 @@ def main(argv):
   except preemption.Preempted as stopped:
     logging.warning("%s", stopped)
     sys.exit(stopped.exit_code)
-  except (train.NonFiniteError, checkpoint.CheckpointError) as error:
+  except (train.NonFiniteError, train.WriteError, checkpoint.CheckpointError) as error:
     logging.error("%s", error)  # The message names the step, the files and the fix.
     sys.exit(1)
 

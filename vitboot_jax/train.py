@@ -9,8 +9,10 @@ what the paper reports).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -51,6 +53,11 @@ def eval_interval(config: ml_collections.ConfigDict, steps_per_epoch: int) -> in
 
 class NonFiniteError(FloatingPointError):
   """A loss or gradient norm became NaN or infinite; nothing after the last good save is kept."""
+
+
+class WriteError(OSError):
+  """Writing a run's own file (metrics, config, results) failed: full disk, permissions; the
+  complete checkpoints are intact and the message names the fix."""
 
 
 # Step metrics that are not loss terms or gradient norms, so they need not be finite.
@@ -232,6 +239,7 @@ def train_and_evaluate(
     final = startup.check(config, workdir, single_process=single_process, num_devices=num_devices)
     if final is not None:
       return final
+
   # Nothing was written to the workdir before these checks passed (the Checkpointer creates it).
   claim = workdir_claim.acquire_for_run(workdir)  # One run per workdir: a second one stops here.
 
@@ -284,47 +292,63 @@ def train_and_evaluate(
     jax.process_count(),
   )
   train_start = time.perf_counter()
-  eval_metrics: dict[str, float] = {}
-  next_input = feed.train(start_step)
-  with preemption.StopSignals() as stop:
-    if _evaluation_missing(workdir, start_step, eval_every, total_steps):
-      # A stop signal cut this step's evaluation short: it was saved unevaluated.
-      eval_metrics = loop.evaluate_and_log(start_step, state, stop, saved=True)
-    step, calls = start_step, start_step
-    while step < total_steps:
-      # One jitted call runs steps first..step; it ends on every evaluation and checkpoint step.
-      n = call_length(step, steps_per_call, total_steps, eval_every, config.checkpoint_every_steps)
-      first, step, calls = step + 1, step + n, calls + 1
-      call = trainer.train_step if n == 1 else trainer.multi_step(n)
-      state, call_metrics = call(state, next_input(n))
-      loop.ran(first, step, call_metrics)
-      is_last = step == total_steps
-      if step % eval_every == 0 or is_last:
-        # The final evaluation always finishes: final.json needs it.
-        eval_metrics = loop.evaluate_and_log(step, state, None if is_last else stop)
-      stopping = stop.reached(calls) and not is_last  # Within one call of the signal.
-      if is_last or stopping or ckpt.should_save(step):
-        loop.save(step, state)
-      if stopping:
-        raise loop.stopped(stop, step)
-  writer.flush()
-  ckpt.wait()
+  with _writes_named(workdir, ckpt):
+    eval_metrics: dict[str, float] = {}
+    next_input = feed.train(start_step)
+    with preemption.StopSignals() as stop:
+      if _evaluation_missing(workdir, start_step, eval_every, total_steps):
+        # A stop signal cut this step's evaluation short: it was saved unevaluated.
+        eval_metrics = loop.evaluate_and_log(start_step, state, stop, saved=True)
+      step, calls = start_step, start_step
+      while step < total_steps:
+        # One jitted call runs steps first..step; it ends on every evaluation and checkpoint step.
+        n = call_length(
+          step, steps_per_call, total_steps, eval_every, config.checkpoint_every_steps
+        )
+        first, step, calls = step + 1, step + n, calls + 1
+        call = trainer.train_step if n == 1 else trainer.multi_step(n)
+        state, call_metrics = call(state, next_input(n))
+        loop.ran(first, step, call_metrics)
+        is_last = step == total_steps
+        if step % eval_every == 0 or is_last:
+          # The final evaluation always finishes: final.json needs it.
+          eval_metrics = loop.evaluate_and_log(step, state, None if is_last else stop)
+        stopping = stop.reached(calls) and not is_last  # Within one call of the signal.
+        if is_last or stopping or ckpt.should_save(step):
+          loop.save(step, state)
+        if stopping:
+          raise loop.stopped(stop, step)
+    writer.flush()
+    ckpt.wait()
 
-  if not eval_metrics:  # Restarted at the very end (the last checkpoint was the final step).
-    eval_metrics = loop.evaluate(total_steps, state)
-  final = {
-    "step": int(jnp.asarray(state.step)),
-    "epochs": total_steps / steps_per_epoch,
-    "mode": config.mode,
-    "train_seconds_this_run": time.perf_counter() - train_start,
-    # > 0 when this run continued a checkpoint: the time above then covers only this run's steps.
-    "resumed_from_step": start_step,
-    **{k.replace("eval/", ""): v for k, v in eval_metrics.items()},
-  }
-  if jax.process_index() == 0:
-    metrics.write_json(workdir / workdirs.FINAL_FILE, final)
+    if not eval_metrics:  # Restarted at the very end (the last checkpoint was the final step).
+      eval_metrics = loop.evaluate(total_steps, state)
+    final = {
+      "step": int(jnp.asarray(state.step)),
+      "epochs": total_steps / steps_per_epoch,
+      "mode": config.mode,
+      "train_seconds_this_run": time.perf_counter() - train_start,
+      # > 0 when this run continued a checkpoint: the time above then covers only this run's steps.
+      "resumed_from_step": start_step,
+      **{k.replace("eval/", ""): v for k, v in eval_metrics.items()},
+    }
+    if jax.process_index() == 0:
+      metrics.write_json(workdir / workdirs.FINAL_FILE, final)
   writer.close()
   ckpt.close()
   claim.release()
   logging.info("Finished: %s", json.dumps(final))
   return final
+
+
+@contextlib.contextmanager
+def _writes_named(workdir: epath.Path, ckpt: checkpoint.Checkpointer) -> Iterator[None]:
+  """A failed write of the run's own files is one line; where a background save failed first
+  (the disk filled under it), that save is what the line names."""
+  try:
+    yield
+  except OSError as error:
+    if isinstance(error, WriteError) or not str(error.filename or "").startswith(str(workdir)):
+      raise
+    ckpt.wait()  # Raises the background save's CheckpointSaveError, if it failed.
+    raise WriteError(ckpt.write_failure(f"Writing {error.filename}", error)) from error
