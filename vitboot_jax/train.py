@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -239,7 +240,6 @@ def train_and_evaluate(
     final = startup.check(config, workdir, single_process=single_process, num_devices=num_devices)
     if final is not None:
       return final
-
   # Nothing was written to the workdir before these checks passed (the Checkpointer creates it).
   claim = workdir_claim.acquire_for_run(workdir)  # One run per workdir: a second one stops here.
 
@@ -348,7 +348,7 @@ def _writes_named(workdir: epath.Path, ckpt: checkpoint.Checkpointer) -> Iterato
   try:
     yield
   except OSError as error:
-    if isinstance(error, WriteError) or not str(error.filename or "").startswith(str(workdir)):
-      raise
+    if not str(error.filename or "").startswith(os.path.join(str(workdir), "")):
+      raise  # Not a file of the run (the data, say): its own message stands.
     ckpt.wait()  # Raises the background save's CheckpointSaveError, if it failed.
     raise WriteError(ckpt.write_failure(f"Writing {error.filename}", error)) from error

@@ -97,7 +97,6 @@ def curvature(workdir: str, steps: Sequence[int] | None, model: str, images: int
   root, config, _, steps = adam_state.adam_checkpoints(workdir, steps)
   config = visualize.inspection_config(config)
   config.kernels = "xla"  # Forward-over-reverse needs plain ops (the CPU set's are custom VJPs).
-  config.data.cache = False
   configlib.validate(config)
   per_epoch = _steps_per_epoch(root, workdir)
   trainer = trainer_lib.build(config, sharding.make_mesh(), steps_per_epoch=per_epoch)
