@@ -18,9 +18,12 @@
 # Each row runs under `timeout -s TERM BUDGET_S` (default: none), so a time-boxed machine gets
 # every row's checkpoint and metrics back; re-running the same command resumes every row. SIGTERM
 # or Ctrl-C to this script reaches every row (each saves and exits). Then ROOT/table.md,
-# ROOT/table.json and ROOT/curves.png; logs in ROOT/<row>.log.
+# ROOT/table.json and ROOT/curves.png; logs in ROOT/<row>.log. Then, for the vit and joint rows'
+# newest checkpoints, tools/representations (how alike the ViT's tokens are, and the hint's loss
+# beside its floor) into ROOT/representations.log, its last line JSON, within REPR_S seconds.
 # Env: DRY=1 prints the commands and runs nothing; ROWS (all five, e.g. ROWS="vit agent"); SEEDS (0), BUDGET_S (0: no limit), MEM_FRACTION (the accelerator memory each process may
-# take, default 0.9 / number of rows), JAX_COMPILATION_CACHE_DIR (ROOT/jax_cache).
+# take, default 0.9 / number of rows), JAX_COMPILATION_CACHE_DIR (ROOT/jax_cache), REPR_S (75;
+# 0 skips the representations), REPR_IMAGES (256 test images).
 set -uo pipefail
 root=$(realpath -m "${1:?usage: rung3_224.sh ROOT EPOCHS NPZ_DIR [sweep flags]}")
 epochs=${2:?usage: rung3_224.sh ROOT EPOCHS NPZ_DIR [sweep flags]}
@@ -83,4 +86,18 @@ for i in "${!rows[@]}"; do
 done
 "${sweep[@]}" >"$root/table.log" 2>&1
 sed -n '/^# /,$p' "$root/table.log"
+repr_s=${REPR_S:-75}
+runs=()
+for row in vit joint; do
+  for seed in ${seeds//,/ }; do
+    [[ -d $root/${row}_seed$seed/checkpoints ]] && runs+=("--workdir=$root/${row}_seed$seed")
+  done
+done
+if ((repr_s > 0 && ${#runs[@]} > 0)); then
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout -s TERM "$repr_s" python -m \
+    vitboot_jax.tools.representations "${runs[@]}" --steps=last \
+    "--images=${REPR_IMAGES:-256}" >"$root/representations.log" 2>&1 ||
+    echo "representations: exit $? (ROOT/representations.log)" | tee -a "$root/rows.txt"
+  grep -v '^\[' "$root/representations.log" | grep 'top-1\|hint loss' || true
+fi
 exit "$status"

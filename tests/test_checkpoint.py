@@ -363,6 +363,24 @@ def test_changed_state_is_a_mismatch_not_corruption(tmp_path, mesh):
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["10"]
 
 
+def test_steps_to_read_resolves_numbers_and_last(tmp_path, mesh, monkeypatch):
+  _save_steps(tmp_path / "run", mesh, [2, 4, 6])
+  (tmp_path / "run" / "checkpoints" / "8").mkdir()  # An unfinished save is not a step.
+  monkeypatch.chdir(tmp_path)
+  root, steps = ckpt_lib.steps_to_read("run")
+  assert (root, steps) == (tmp_path / "run", [2, 4, 6])
+  assert ckpt_lib.steps_to_read("run", ["last"])[1] == [6]
+  assert ckpt_lib.steps_to_read("run", ["4", "last", 2])[1] == [2, 4, 6]
+  with pytest.raises(
+    errors.UsageError, match=r"no checkpoint of step\(s\) \[8\]; it has \[2, 4, 6\]"
+  ):
+    ckpt_lib.steps_to_read("run", ["8"])
+  with pytest.raises(errors.UsageError, match="'newest' is not a step; give step numbers or last"):
+    ckpt_lib.steps_to_read("run", ["newest"])
+  with pytest.raises(errors.UsageError, match="has no complete checkpoint"):
+    ckpt_lib.steps_to_read("elsewhere", ["last"])
+
+
 def test_argument_validation(tmp_path):
   with pytest.raises(ValueError, match="keep"):
     ckpt_lib.Checkpointer(tmp_path, keep=0)

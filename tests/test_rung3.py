@@ -5,6 +5,7 @@ import os
 import pathlib
 import shlex
 import subprocess
+import tarfile
 
 import numpy as np
 
@@ -92,3 +93,41 @@ def test_missing_data_is_one_line_with_the_packing_command(tmp_path):
   proc = _launch(tmp_path / "root", 10, tmp_path / "nowhere")
   assert proc.returncode == 2
   assert "prepare_data folder" in proc.stderr and "--train_fraction=0.1" in proc.stderr
+
+
+def test_device_pack_sends_back_summaries_and_one_archive_without_checkpoints(tmp_path):
+  src = tmp_path / "rung3"
+  for name in (
+    "table.md",
+    "rows.txt",
+    "vit.log",
+    "vit_seed0/metrics.jsonl",
+    "vit_seed0/final.json",
+    "vit_seed0/checkpoints/8/state.json",
+    "jax_cache/entry.json",
+    "npz/train.npz",
+  ):
+    (src / name).parent.mkdir(parents=True, exist_ok=True)
+    (src / name).write_text(name)
+  out = tmp_path / "out"
+  proc = subprocess.run(
+    ["bash", str(REPO / "launch/device_pack.sh"), str(src), str(out)],
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert sorted(p.name for p in out.iterdir()) == ["rows.txt", "rung3.tar.gz", "table.md"]
+  with tarfile.open(out / "rung3.tar.gz") as archive:
+    names = sorted(archive.getnames())
+  assert names == sorted(
+    f"rung3/{n}"
+    for n in ("table.md", "rows.txt", "vit.log", "vit_seed0/metrics.jsonl", "vit_seed0/final.json")
+  )
+  proc = subprocess.run(
+    ["bash", str(REPO / "launch/device_pack.sh"), str(tmp_path / "nowhere"), str(out)],
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert proc.returncode == 2 and "is not a folder" in proc.stderr

@@ -516,19 +516,31 @@ def complete_steps(directory: epath.PathLike) -> list[int]:
   return sorted(int(d.name) for d in directory.iterdir() if d.name.isdigit() and _has_marker(d))
 
 
-def steps_to_read(workdir: str, steps: Sequence[int] | None = None) -> tuple[epath.Path, list[int]]:
-  """(absolute `workdir`, `steps` or every complete checkpoint step of it, oldest first), for the
-  tools that read a run; no complete checkpoint, or one of `steps` missing, is one UsageError."""
+def steps_to_read(
+  workdir: str, steps: Sequence[int | str] | None = None
+) -> tuple[epath.Path, list[int]]:
+  """(absolute `workdir`, the complete checkpoint steps to read, oldest first), for the tools
+  that read a run. `steps`: step numbers (ints or the strings of a --steps flag) and "last", the
+  newest complete one; none means every one. No complete checkpoint, a step that is not there or
+  an entry that is neither is one UsageError."""
   root = absolute(workdir)
   available = complete_steps(root / CHECKPOINT_SUBDIR)
   if not available:
     raise errors.UsageError(f"--workdir={workdir} has no complete checkpoint to read")
-  missing = sorted(set(steps or ()) - set(available))
+  wanted = set()
+  for entry in steps or available:
+    if str(entry).strip() == "last":
+      wanted.add(available[-1])
+    elif str(entry).strip().isdigit():
+      wanted.add(int(entry))
+    else:
+      raise errors.UsageError(f"--steps: {entry!r} is not a step; give step numbers or last")
+  missing = sorted(wanted - set(available))
   if missing:
     raise errors.UsageError(
       f"--workdir={workdir} has no checkpoint of step(s) {missing}; it has {available}"
     )
-  return root, sorted(steps or available)
+  return root, sorted(wanted)
 
 
 def absolute(path: epath.PathLike) -> epath.Path:

@@ -96,7 +96,7 @@ def read_step(step_dir: epath.Path, b1: float, b2: float, eps: float) -> list[di
 
 
 def adam_checkpoints(
-  workdir: str, steps: Sequence[int] | None = None
+  workdir: str, steps: Sequence[int | str] | None = None
 ) -> tuple[epath.Path, Any, epath.Path, list[int]]:
   """(absolute workdir, its config, its checkpoint directory, the steps to read: `steps` or every
   complete one, oldest first) of a run trained with Adam; anything else is one UsageError line."""
@@ -110,7 +110,7 @@ def adam_checkpoints(
   return root, config, root / workdirs.CHECKPOINT_SUBDIR, steps
 
 
-def read_workdir(workdir: str, steps: Sequence[int] | None = None) -> list[dict]:
+def read_workdir(workdir: str, steps: Sequence[int | str] | None = None) -> list[dict]:
   """The rows of every complete checkpoint of `workdir` (or of `steps`), oldest first."""
   _, config, directory, steps = adam_checkpoints(workdir, steps)
   o = config.optim
@@ -130,7 +130,9 @@ def define_flags() -> None:
   imported into one process (tests) without their flag names colliding."""
   global _WORKDIRS, _STEPS
   _WORKDIRS = flags.DEFINE_multi_string("workdir", None, "A run's workdir (repeat to compare).")
-  _STEPS = flags.DEFINE_list("steps", None, "Checkpoint steps to read; default: every one.")
+  _STEPS = flags.DEFINE_list(
+    "steps", None, "Checkpoint steps to read, numbers or last (the newest); default: every one."
+  )
 
 
 def main(argv):
@@ -139,11 +141,10 @@ def main(argv):
   if not _WORKDIRS.value:
     cli.fail("give --workdir=RUN (a training run's workdir)")
   quiet.libraries()  # Reading a checkpoint logs orbax INFO lines.
-  steps = [int(s) for s in _STEPS.value] if _STEPS.value else None
   rows = []
   try:
     for workdir in _WORKDIRS.value:
-      rows += read_workdir(workdir, steps)
+      rows += read_workdir(workdir, _STEPS.value)
   except errors.UsageError as error:
     cli.fail(str(error))
   for r in rows:

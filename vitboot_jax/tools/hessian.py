@@ -92,7 +92,9 @@ def _adam_nu(opt_state: Any, model: str) -> tuple[Any, int]:
   return found[0].nu[model], int(found[0].count)
 
 
-def curvature(workdir: str, steps: Sequence[int] | None, model: str, images: int, iterations: int):
+def curvature(
+  workdir: str, steps: Sequence[int | str] | None, model: str, images: int, iterations: int
+):
   """The rows of `workdir`'s checkpoints (every complete one, or `steps`)."""
   root, config, _, steps = adam_state.adam_checkpoints(workdir, steps)
   config = visualize.inspection_config(config)
@@ -162,7 +164,9 @@ def define_flags() -> None:
   imported into one process (tests) without their flag names colliding."""
   global _WORKDIR, _STEPS, _MODEL, _IMAGES, _ITERATIONS
   _WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir.")
-  _STEPS = flags.DEFINE_list("steps", None, "Checkpoint steps to read; default: every one.")
+  _STEPS = flags.DEFINE_list(
+    "steps", None, "Checkpoint steps to read, numbers or last (the newest); default: every one."
+  )
   _MODEL = flags.DEFINE_string("model", "vit", "Whose cross-entropy: vit or agent.")
   _IMAGES = flags.DEFINE_integer("images", 256, "How many evaluation images the loss averages.")
   _ITERATIONS = flags.DEFINE_integer("iterations", 30, "Lanczos steps (Hessian products) per end.")
@@ -174,9 +178,8 @@ def main(argv):
   if not _WORKDIR.value:
     cli.fail("give --workdir=RUN (a training run's workdir)")
   quiet.libraries()  # Restoring a checkpoint logs orbax INFO lines.
-  steps = [int(s) for s in _STEPS.value] if _STEPS.value else None
   try:
-    rows = curvature(_WORKDIR.value, steps, _MODEL.value, _IMAGES.value, _ITERATIONS.value)
+    rows = curvature(_WORKDIR.value, _STEPS.value, _MODEL.value, _IMAGES.value, _ITERATIONS.value)
   except errors.UsageError as error:
     cli.fail(str(error))
   for r in rows:

@@ -86,7 +86,7 @@ def hint_fit(vit_features: jax.Array, agent_map: jax.Array, adapt: str) -> dict[
 
 
 def read_workdir(
-  workdir: str, steps: Sequence[int] | None, images: int, seed: int = 0
+  workdir: str, steps: Sequence[int | str] | None, images: int, seed: int = 0
 ) -> list[dict]:
   """The rows of `workdir`'s checkpoints (every complete one, or `steps`), oldest first."""
   root, steps = checkpoint.steps_to_read(workdir, steps)
@@ -127,7 +127,9 @@ _WORKDIRS = _STEPS = _IMAGES = _SEED = None
 def define_flags() -> None:
   global _WORKDIRS, _STEPS, _IMAGES, _SEED
   _WORKDIRS = flags.DEFINE_multi_string("workdir", None, "A run directory (repeat for several).")
-  _STEPS = flags.DEFINE_list("steps", None, "Checkpoint steps to read (default: every one).")
+  _STEPS = flags.DEFINE_list(
+    "steps", None, "Checkpoint steps to read, numbers or last (the newest); default: every one."
+  )
   _IMAGES = flags.DEFINE_integer("images", 256, "Evaluation images drawn for the measures.")
   _SEED = flags.DEFINE_integer("seed", 0, "Seed of the image sample.")
   flags.mark_flag_as_required("workdir")
@@ -137,11 +139,10 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {argv[1:]}")
   quiet.libraries()  # Reading a checkpoint logs orbax INFO lines.
-  steps = [int(s) for s in _STEPS.value] if _STEPS.value else None
   rows = []
   try:
     for workdir in _WORKDIRS.value:
-      rows += read_workdir(workdir, steps, _IMAGES.value, _SEED.value)
+      rows += read_workdir(workdir, _STEPS.value, _IMAGES.value, _SEED.value)
   except errors.UsageError as error:
     cli.fail(str(error))
   for r in rows:
