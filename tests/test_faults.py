@@ -251,6 +251,7 @@ def test_a_full_disk_under_the_metrics_is_one_line(image_folder, tmp_path, monke
     train.train_and_evaluate(_tiny_config(image_folder), str(workdir))
   message = str(info.value)
   assert "\n" not in message and f"Writing {workdir / 'metrics.jsonl'} failed" in message
+  assert message.count("metrics.jsonl") == 1, message
   assert "No space left on device" in message and "Free disk space" in message
   assert "newest complete checkpoint (step 4), which is intact" in message
 

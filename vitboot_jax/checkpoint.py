@@ -408,6 +408,9 @@ class Checkpointer:
     cause, its fix, and the newest complete checkpoint, from which a re-run resumes."""
     cause = _os_error(error)
     code, reason = (None, errors.first_line(error)) if cause is None else cause
+    named = re.fullmatch(r"(.*) \((.+)\)", reason)
+    if named and named.group(2) in what:  # The file is named once.
+      reason = named.group(1)
     try:
       complete = [s for s in sorted(self._manager.all_steps()) if self._is_complete(s)]
       kept = f"step {complete[-1]}" if complete else "none yet"
