@@ -318,6 +318,7 @@ def test_mechanism_table_names_each_rows_explanation():
     "4 geometry",
     "5 optimizer",
     "1 teacher + 2 timing",
+    "1 teacher + 3 form",
   }
   names = [r.name for r in table.rows]
   # The teacher rows read the agent-alone run of their seed, so it trains before them.

@@ -245,6 +245,12 @@ def _mechanism_rows(config: str) -> tuple[Row, ...]:
       overrides=teacher,
     ),
     row(
+      "joint_teacher_frozen_corr",
+      "mode=joint,frozen=1,form=corr",
+      "1 teacher + 3 form: the frozen finished agent, hint as correlation over positions",
+      overrides=teacher,
+    ),
+    row(
       "vit_lr_half",
       "mode=vit",
       "reference: ViT alone at half the lr (what half of the ViT's step costs)",
