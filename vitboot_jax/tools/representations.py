@@ -1,6 +1,6 @@
 r"""What a run's ViT holds in each layer at its checkpoints: how diverse its tokens are.
 
-  python -m vitboot_jax.tools.representations --workdir=workdirs/quickstart
+  python -m vitboot_jax.tools.representations --workdir=workdirs/quickstart --steps=last
   python -m vitboot_jax.tools.representations --workdir=RUN_A --workdir=RUN_B --steps=200,390
 
 On --images evaluation images drawn uniformly (seeded; evaluation preprocessing, train=False),
