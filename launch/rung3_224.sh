@@ -18,11 +18,11 @@
 # Each row runs under `timeout -s TERM BUDGET_S` (default: none), so a time-boxed machine gets
 # every row's checkpoint and metrics back; re-running the same command resumes every row. SIGTERM
 # or Ctrl-C to this script reaches every row (each saves and exits). Then ROOT/table.md,
-# ROOT/table.json and ROOT/curves.png; logs in ROOT/<row>.log. Then, for the vit and joint rows'
-# newest checkpoints, tools/representations (how alike the ViT's tokens are, and the hint's loss
+# ROOT/table.json and ROOT/curves.png; logs in ROOT/<row>.log. Then, for the newest checkpoints of
+# every row with a ViT, tools/representations (how alike the ViT's tokens are, and the hint's loss
 # beside its floor) into ROOT/representations.log, its last line JSON, within REPR_S seconds.
 # Env: DRY=1 prints the commands and runs nothing; ROWS (all five, e.g. ROWS="vit agent"); SEEDS (0), BUDGET_S (0: no limit), MEM_FRACTION (the accelerator memory each process may
-# take, default 0.9 / number of rows), JAX_COMPILATION_CACHE_DIR (ROOT/jax_cache), REPR_S (75;
+# take, default 0.9 / number of rows), JAX_COMPILATION_CACHE_DIR (ROOT/jax_cache), REPR_S (90;
 # 0 skips the representations), REPR_IMAGES (256 test images).
 set -uo pipefail
 root=$(realpath -m "${1:?usage: rung3_224.sh ROOT EPOCHS NPZ_DIR [sweep flags]}")
@@ -86,9 +86,9 @@ for i in "${!rows[@]}"; do
 done
 "${sweep[@]}" >"$root/table.log" 2>&1
 sed -n '/^# /,$p' "$root/table.log"
-repr_s=${REPR_S:-75}
+repr_s=${REPR_S:-90}
 runs=()
-for row in vit joint; do
+for row in joint vit shared_noalign shared_align; do
   for seed in ${seeds//,/ }; do
     [[ -d $root/${row}_seed$seed/checkpoints ]] && runs+=("--workdir=$root/${row}_seed$seed")
   done

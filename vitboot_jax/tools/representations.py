@@ -135,36 +135,32 @@ def define_flags() -> None:
   flags.mark_flag_as_required("workdir")
 
 
+def print_row(r: dict) -> None:
+  """A row's readable lines: the ViT's measures per block, the agent's, the hint's fit."""
+  line = lambda key, fmt, layers: f"{key} " + " ".join(format(x[key], fmt) for x in layers)
+  keys = [("token_rank", ".2f"), ("token_cosine", ".3f"), ("token_spread", ".3f")]
+  vit = [line(k, f, r["layers"]) for k, f in keys + [("cls_rank", ".2f"), ("entropy", ".2f")]]
+  head = f"{r['workdir']}  step {r['step']:6d}"
+  print(f"{head}  top-1 {r['top1']:.3f}  vit  " + "  ".join(vit), flush=True)
+  if "agent_layers" in r:
+    print(f"{head}  agent  " + "  ".join(line(k, f, r["agent_layers"]) for k, f in keys))
+  if "hint" in r:
+    pairs = " ".join(f"{h['loss']:.3f}/{h['floor']:.3f}" for h in r["hint"])
+    print(f"{head}  hint loss/floor per layer  {pairs}", flush=True)
+
+
 def main(argv):
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {argv[1:]}")
   quiet.libraries()  # Reading a checkpoint logs orbax INFO lines.
   rows = []
   try:
-    for workdir in _WORKDIRS.value:
-      rows += read_workdir(workdir, _STEPS.value, _IMAGES.value, _SEED.value)
+    for workdir in _WORKDIRS.value:  # Each run's lines once read: a time box keeps them.
+      for r in read_workdir(workdir, _STEPS.value, _IMAGES.value, _SEED.value):
+        print_row(r)
+        rows.append(r)
   except errors.UsageError as error:
     cli.fail(str(error))
-  for r in rows:
-    line = lambda key, fmt, layers: f"{key} " + " ".join(format(x[key], fmt) for x in layers)
-    vit = [
-      line(key, fmt, r["layers"])
-      for key, fmt in [
-        ("token_rank", ".2f"),
-        ("token_cosine", ".3f"),
-        ("token_spread", ".3f"),
-        ("cls_rank", ".2f"),
-        ("entropy", ".2f"),
-      ]
-    ]
-    print(f"{r['workdir']}  step {r['step']:6d}  top-1 {r['top1']:.3f}  vit  " + "  ".join(vit))
-    if "agent_layers" in r:
-      keys = [("token_rank", ".2f"), ("token_cosine", ".3f"), ("token_spread", ".3f")]
-      agent = [line(key, fmt, r["agent_layers"]) for key, fmt in keys]
-      print(f"{r['workdir']}  step {r['step']:6d}  agent  " + "  ".join(agent))
-    if "hint" in r:
-      pairs = " ".join(f"{h['loss']:.3f}/{h['floor']:.3f}" for h in r["hint"])
-      print(f"{r['workdir']}  step {r['step']:6d}  hint loss/floor per layer  {pairs}")
   print(json.dumps(rows))
 
 
