@@ -102,8 +102,8 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   projector=linear (a learnable linear map of the ViT's tokens before the loss, FitNets), balance=C
   (the hint's gradient on the ViT at most C times the CE's), until=F (the hint during the first
   fraction F of the steps only), gate=A (the hint off until the agent's running train top-1 reaches
-  A), teacher=PATH (joint: the agent starts from a run of ours) and frozen=1 (joint: the agent is
-  never updated).
+  A), teacher=PATH (joint: the agent starts from a run of ours) and frozen=1 (joint: the agent's
+  weights never change; its BatchNorm runs in training mode and its running statistics move).
   """
   c.sam.rho = 0.1 if arg.sam == 1 else arg.sam
   c.model.attention = arg.attention
