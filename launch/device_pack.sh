@@ -4,7 +4,7 @@
 # one archive of everything else that is text or an image (logs, metrics.jsonl, config.json,
 # final.json, data.json, tables, curves), never checkpoints, compilation caches or datasets.
 #   bash launch/device_pack.sh SRC OUT
-#   BUDGET_S=420 bash launch/rung3_224.sh /tmp/rung3 40 carry/cifar10_10pct; \
+#   BUDGET_S=400 bash launch/rung3_224.sh /tmp/rung3 40 carry/cifar10_10pct; \
 #     bash launch/device_pack.sh /tmp/rung3 $OUT
 # Prints what it packed; a summary file over 16 MiB goes into the archive only.
 set -uo pipefail

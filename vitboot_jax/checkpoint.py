@@ -406,11 +406,9 @@ class Checkpointer:
   def write_failure(self, what: str, error: BaseException) -> str:
     """One line for a failed write into the run: `what` (e.g. "Writing RUN/metrics.jsonl"), the
     cause, its fix, and the newest complete checkpoint, from which a re-run resumes."""
-    cause = _os_error(error)
-    code, reason = (None, errors.first_line(error)) if cause is None else cause
-    named = re.fullmatch(r"(.*) \((.+)\)", reason)
-    if named and named.group(2) in what:  # The file is named once.
-      reason = named.group(1)
+    code, reason, where = _os_error(error) or (None, errors.first_line(error), "")
+    if where and where not in what:  # The file is named once.
+      reason = f"{reason} ({where})"
     try:
       complete = [s for s in sorted(self._manager.all_steps()) if self._is_complete(s)]
       kept = f"step {complete[-1]}" if complete else "none yet"
@@ -532,10 +530,11 @@ def steps_to_read(
     raise errors.UsageError(f"--workdir={workdir} has no complete checkpoint to read")
   wanted = set()
   for entry in steps or available:
-    if str(entry).strip() == "last":
+    text = str(entry).strip()
+    if text == "last":
       wanted.add(available[-1])
-    elif str(entry).strip().isdigit():
-      wanted.add(int(entry))
+    elif text.isdigit():
+      wanted.add(int(text))
     else:
       raise errors.UsageError(f"--steps: {entry!r} is not a step; give step numbers or last")
   missing = sorted(wanted - set(available))
@@ -634,8 +633,8 @@ _WRITE_FIX = {
 }
 
 
-def _os_error(error: BaseException) -> tuple[int, str] | None:
-  """(errno, reason) of the OS failure behind `error`, if any.
+def _os_error(error: BaseException) -> tuple[int, str, str] | None:
+  """(errno, reason, the path or first line it names) of the OS failure behind `error`, if any.
 
   Orbax re-raises the OSErrors of its own writes; tensorstore reports its writes as ValueError
   text carrying `[os_error_code='28']`.
@@ -645,12 +644,12 @@ def _os_error(error: BaseException) -> tuple[int, str] | None:
     seen.add(id(error))
     if isinstance(error, OSError) and error.errno is not None:
       where = error.filename or str(error).strip().split("\n", 1)[0][:300]
-      return error.errno, f"{os.strerror(error.errno)} ({where})"
+      return error.errno, os.strerror(error.errno), str(where)
     found = re.search(r"os_error_code='(\d+)'", str(error))
     if found:
       code = int(found.group(1))
       path = re.search(r'Failed writing: "([^"]+)"', str(error))
-      return code, os.strerror(code) + (f" ({path.group(1)})" if path else "")
+      return code, os.strerror(code), path.group(1) if path else ""
     error = error.__cause__ or error.__context__
   return None
 

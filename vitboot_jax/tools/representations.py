@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections.abc import Sequence
 
 import jax
@@ -141,12 +142,13 @@ def print_row(r: dict) -> None:
   keys = [("token_rank", ".2f"), ("token_cosine", ".3f"), ("token_spread", ".3f")]
   vit = [line(k, f, r["layers"]) for k, f in keys + [("cls_rank", ".2f"), ("entropy", ".2f")]]
   head = f"{r['workdir']}  step {r['step']:6d}"
-  print(f"{head}  top-1 {r['top1']:.3f}  vit  " + "  ".join(vit), flush=True)
+  print(f"{head}  top-1 {r['top1']:.3f}  vit  " + "  ".join(vit))
   if "agent_layers" in r:
     print(f"{head}  agent  " + "  ".join(line(k, f, r["agent_layers"]) for k, f in keys))
   if "hint" in r:
     pairs = " ".join(f"{h['loss']:.3f}/{h['floor']:.3f}" for h in r["hint"])
-    print(f"{head}  hint loss/floor per layer  {pairs}", flush=True)
+    print(f"{head}  hint loss/floor per layer  {pairs}")
+  sys.stdout.flush()
 
 
 def main(argv):
