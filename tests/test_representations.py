@@ -1,8 +1,12 @@
 """tools/representations: how diverse a run's ViT tokens are, layer by layer."""
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 
+from tests import runs, without_tensorflow
 from vitboot_jax import checkpoint, errors
 from vitboot_jax.tools import representations
 
@@ -54,3 +58,47 @@ def test_a_runs_checkpoints_give_a_row_per_step_for_every_block(uninterrupted, t
   assert again[0] == rows[-1]  # The same seeded sample, the same checkpoint.
   with pytest.raises(errors.UsageError, match="no complete checkpoint"):
     representations.read_workdir(str(tmp_path), None, images=40)
+
+
+def test_the_tools_that_read_a_run_import_without_tensorflow():
+  # An accelerator host has jax but no TensorFlow: the rung's representations step ran there.
+  code = (
+    "from vitboot_jax.tools import hessian, representations\nprint('tensorflow' in sys.modules)\n"
+  )
+  proc = without_tensorflow.run(code, env=runs.env(1), timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.split() == ["False"]
+
+
+@pytest.mark.slow
+def test_a_device_pipeline_run_is_read_without_tensorflow_and_alike(uninterrupted, tmp_path):
+  # The same run as if trained with the dataset on the devices: its test images are read as its
+  # training read them (no TensorFlow), and they are the images tf.data gives.
+  run = tmp_path / "device_run"
+  shutil.copytree(uninterrupted, run)
+  config = json.loads((run / "config.json").read_text())
+  assert config["data"]["pipeline"] == "tfdata"
+  config["data"]["pipeline"] = "device"
+  (run / "config.json").write_text(json.dumps(config))
+  args = [f"--workdir={run}", "--steps=last", "--images=40"]
+  proc = without_tensorflow.run_module(
+    "vitboot_jax.tools.representations", args, env=runs.env(8), timeout=300
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  (row,) = json.loads(proc.stdout.splitlines()[-1])
+  (want,) = representations.read_workdir(str(uninterrupted), ["last"], images=40)
+  assert row.pop("workdir") == str(run) and want.pop("workdir") == str(uninterrupted)
+  got, expected = dict(_leaves(row)), dict(_leaves(want))
+  assert got.keys() == expected.keys() and got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def _leaves(tree, path=""):
+  """(path, number) of every leaf of nested dicts and lists."""
+  if isinstance(tree, dict):
+    for key, value in tree.items():
+      yield from _leaves(value, f"{path}/{key}")
+  elif isinstance(tree, list):
+    for i, value in enumerate(tree):
+      yield from _leaves(value, f"{path}/{i}")
+  else:
+    yield path, tree

@@ -17,7 +17,12 @@ import numpy as np
 from vitboot_jax import quiet
 from vitboot_jax.tools import plot
 
-tf = quiet.import_tensorflow()  # PNGs through tf.io; quietly, off every accelerator.
+
+def _tf():
+  """TensorFlow for PNGs only when one is written: the tools that read maps or tokens
+  (representations, hessian) run on accelerator hosts without it."""
+  return quiet.import_tensorflow()
+
 
 # Smallest side of one tile in a figure: a 32-px image or a 4x4 token map is unreadable as is.
 MIN_TILE = 128
@@ -91,6 +96,7 @@ def save_png(path: str | os.PathLike, image: np.ndarray) -> None:
   image = np.asarray(image)
   if image.dtype != np.uint8 or image.ndim != 3:
     raise ValueError(f"save_png takes uint8 [H, W, C], got {image.dtype} {image.shape}")
+  tf = _tf()
   with tf.io.gfile.GFile(os.fspath(path), "wb") as f:
     f.write(tf.io.encode_png(image).numpy())
 
@@ -225,7 +231,7 @@ def heads_figure(picture: np.ndarray, heads: np.ndarray, title: str, side: int) 
 def _save_figure(path: str, fig: Any) -> None:
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png")
-  with tf.io.gfile.GFile(path, "wb") as f:
+  with _tf().io.gfile.GFile(path, "wb") as f:
     f.write(buffer.getvalue())
 
 

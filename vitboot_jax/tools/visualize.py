@@ -24,7 +24,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -37,13 +37,11 @@ from ml_collections import config_flags
 
 from vitboot_jax import checkpoint, cli, configlib, errors, quiet, sharding, workdirs
 from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.data import device_preprocess, input_pipeline, preprocess
+from vitboot_jax.data import device_data, device_preprocess
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
 from vitboot_jax.tools import figures
-
-tf = quiet.import_tensorflow()  # PNGs through tf.io; quietly, off every accelerator.
 
 INDEX_FILE = "index.json"
 FIGURES_SUBDIR = "figures"  # Where a run's figures go by default: RUN/figures.
@@ -105,15 +103,16 @@ def load_images(
   Without `image_files`, the first `num_images` examples of config.data.eval_split.
   """
   if image_files:
+    from vitboot_jax.data import preprocess  # Image files: TensorFlow decodes them.
+
+    tf = quiet.import_tensorflow()
     eval_fn = preprocess.make_eval_fn(config)
     images = [eval_fn(preprocess.decode(tf.io.read_file(path))).numpy() for path in image_files]
     return prepare(config, np.stack(images)), list(image_files)
   if num_images < 1:
     raise ValueError(f"--num_images={num_images} must be at least 1")
-  config = config.copy_and_resolve_references()
-  config.data.cache = False  # A few images: a cache read part-way warns when it is dropped.
   images = []
-  for batch in input_pipeline.eval_batches(config, process_index=0, process_count=1):
+  for batch in eval_split_batches(config):
     images.extend(batch["image"][batch["mask"] > 0])
     if len(images) >= num_images:
       break
@@ -135,12 +134,10 @@ def sample_images(
   """
   if count < 1:
     raise errors.UsageError(f"--images={count} must be at least 1")
-  config = config.copy_and_resolve_references()
-  config.data.cache = False  # One pass: a cache would only hold the whole split in memory.
   rng = np.random.default_rng(seed)
   kept: list[tuple[int, np.ndarray, int]] = []  # (position in the split, image, label)
   seen = 0
-  for batch in input_pipeline.eval_batches(config, process_index=0, process_count=1):
+  for batch in eval_split_batches(config):
     keep = batch["mask"] > 0
     for image, label in zip(batch["image"][keep], batch["label"][keep]):
       if seen < count:
@@ -157,6 +154,20 @@ def sample_images(
   kept.sort(key=lambda item: item[0])
   images = prepare(config, np.stack([image for _, image, _ in kept]))
   return images, np.asarray([label for _, _, label in kept], np.int32)
+
+
+def eval_split_batches(config: ml_collections.ConfigDict) -> Iterator[dict[str, np.ndarray]]:
+  """Host batches {"image", "label", "mask"} of config.data.eval_split, read by the run's own
+  pipeline: with pipeline="device" as its training read it (no TensorFlow), else by tf.data."""
+  if config.data.pipeline == "device":
+    images, labels, _ = device_data.read_split(config, config.data.eval_split, subset=False)
+    yield {"image": images, "label": labels, "mask": np.ones(len(labels), np.float32)}
+    return
+  from vitboot_jax.data import input_pipeline  # tf.data: TensorFlow on the host.
+
+  config = config.copy_and_resolve_references()
+  config.data.cache = False  # One pass over a few images: a cache would only hold the split.
+  yield from input_pipeline.eval_batches(config, process_index=0, process_count=1)
 
 
 def prepare(config: ml_collections.ConfigDict, images: np.ndarray) -> np.ndarray:
@@ -241,7 +252,7 @@ def run(
   scale = max(1, math.ceil(figures.MIN_TILE / config.image_size))
   size = config.image_size * scale
   pictures = np.stack([figures.upsample(p, size, size) for p in denormalise(config, images)])
-  tf.io.gfile.makedirs(out_dir)
+  epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
   files = figures.write_figures(
     out_dir, pictures, attention, vit_maps, agent_maps, config.image_size
   )
@@ -254,8 +265,7 @@ def run(
     "image_size": config.image_size,
     "tile_size": size,
   }
-  with tf.io.gfile.GFile(os.path.join(out_dir, INDEX_FILE), "w") as f:
-    f.write(json.dumps(index, indent=2) + "\n")
+  (epath.Path(out_dir) / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
   return Visualisation(
     out_dir=out_dir,
     step=step,
