@@ -6,7 +6,8 @@
 #                                         images, uint8 at 32x32 (tools/prepare_data --npz_dir)
 #   carry/wheels/*.whl                    the pure-Python packages the machine lacks
 #   bash launch/gpu_carry.sh [CIFAR10_FOLDER]   (default ../shared/data/cifar10)
-# On the machine, from the repository root: `pip install --no-deps carry/wheels/*.whl`, then e.g.
+# On the machine, from the repository root: `python -m pip install --no-deps carry/wheels/*.whl`
+# (not `pip`: there it belongs to another Python than `python`), then e.g.
 # `bash launch/rung3_224.sh OUT/rung3 EPOCHS carry/cifar10_10pct` or
 # `bash launch/device_pipeline_check.sh OUT carry/cifar10_10pct` (docs/accelerators.md).
 set -euo pipefail

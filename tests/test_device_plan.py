@@ -4,7 +4,10 @@ measurements themselves need the accelerator (docs/accelerators.md)."""
 import json
 import sys
 
+import pytest
+
 from tests.config_files import load_config
+from vitboot_jax import errors
 from vitboot_jax.tools.perf import device_plan
 
 
@@ -37,6 +40,18 @@ def test_past_the_budget_items_are_listed_not_run():
   assert rows[0]["item"] == "peak" and rows[0]["bfloat16_flops_per_s"] > 0
   assert rows[-1]["item"] == "done" and len(rows) == 2
   assert rows[-1]["skipped_over_budget"][0] == "step/vit/64/bfloat16"
+
+
+def test_a_later_call_skips_what_an_earlier_one_measured():
+  done = ["step/vit/64/bfloat16", "steps_per_call/vit/64/bfloat16"]
+  plan = device_plan.Plan(budget_s=0.0, peak_size=64, steps=3, skip=done)
+  rows = device_plan.run(load_config("tiny_config"), plan, emit=lambda line: None)
+  assert rows[-1]["skipped_as_asked"] == done
+  over = rows[-1]["skipped_over_budget"]
+  assert over[0] == "step/shared/64/bfloat16" and not set(done) & set(over)
+  typo = device_plan.Plan(budget_s=0.0, skip=["step/vit/64/bf16"])
+  with pytest.raises(errors.UsageError, match="step/vit/64/bf16"):
+    device_plan.run(load_config("tiny_config"), typo, emit=lambda line: None)
 
 
 def test_timm_is_skipped_with_a_note_without_torch(monkeypatch):

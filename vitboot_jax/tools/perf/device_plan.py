@@ -4,7 +4,8 @@ r"""One accelerator call's worth of speed anchors (issue 44), as JSON lines, mos
     --budget_s=420 [--out=$OUT/device_plan.jsonl]
 
 Each item runs only while the time budget lasts (the rest are listed as skipped) and a failing
-item prints its error and the next one runs, so one call always returns what it measured:
+item prints its error and the next one runs, so one call always returns what it measured; the
+next call passes what an earlier one measured as --skip (the "done" row's names) and goes on:
   1. "peak": the in-run bf16 and float32 (TF32 on GPUs under the default precision) matmul peaks.
   2. "step": our train step (benchmark.compile_mode_step, as train.py jits it) of each mode,
      dtype and batch, with compile_s, MFU of the bf16 peak ("mfu_bf16_peak", the issue's
@@ -39,7 +40,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import evaluate, kernel_sets, sharding
+from vitboot_jax import cli, errors, evaluate, kernel_sets, sharding
 from vitboot_jax.cpu import host_memory
 from vitboot_jax.data import device_preprocess
 from vitboot_jax.models import kernels as kernels_lib
@@ -62,6 +63,7 @@ class Plan:
   peak_size: int = 0
   timm_steps: int = 20
   budget_s: float = 420.0
+  skip: Sequence[str] = ()  # Item names an earlier call measured (the peaks always run).
 
 
 @dataclasses.dataclass
@@ -313,6 +315,12 @@ def run(
   config: ml_collections.ConfigDict, plan: Plan, emit: Callable[[str], None] = print
 ) -> list[dict[str, Any]]:
   """Runs the plan's items in order while the budget lasts; emits (and returns) each JSON row."""
+  names = {name for name, _ in items(Context(config, None, plan, {}))}
+  unknown = sorted(set(plan.skip) - names)
+  if unknown:  # Before the peaks: a typo costs the call nothing.
+    raise errors.UsageError(
+      f"--skip names no item of this plan: {', '.join(unknown)} (the names of the 'done' row)"
+    )
   start = time.perf_counter()
   mesh = sharding.make_mesh()
   rows: list[dict[str, Any]] = []
@@ -327,6 +335,8 @@ def run(
   ctx = Context(config, mesh, plan, peak)
   skipped = []
   for name, thunk in items(ctx):
+    if name in plan.skip:
+      continue
     if time.perf_counter() - start > plan.budget_s:
       skipped.append(name)
       continue
@@ -336,7 +346,8 @@ def run(
       row = {"item": name.split("/")[0], "error": f"{type(error).__name__}: {error}"[:1000]}
       row["traceback"] = traceback.format_exc()[-2000:]
     put({"name": name, **row})
-  put({"item": "done", "skipped_over_budget": skipped, "budget_s": plan.budget_s})
+  done = {"item": "done", "skipped_over_budget": skipped, "budget_s": plan.budget_s}
+  put({**done, "skipped_as_asked": list(plan.skip)})
   return rows
 
 
@@ -360,6 +371,7 @@ def define_flags() -> None:
     "budget_s", 420.0, "No item starts after this many seconds (each may take a minute)."
   )
   _FLAGS["out"] = flags.DEFINE_string("out", "", "Also write the JSON lines to this file.")
+  _FLAGS["skip"] = flags.DEFINE_list("skip", [], "Items an earlier call measured (their names).")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -376,6 +388,7 @@ def main(argv: Sequence[str]) -> None:
     peak_size=v["peak_size"],
     timm_steps=v["timm_steps"],
     budget_s=v["budget_s"],
+    skip=[name.strip() for name in v["skip"] if name.strip()],
   )
   out = open(v["out"], "w") if v["out"] else None  # noqa: SIM115 (kept open for the whole run)
 
@@ -387,6 +400,8 @@ def main(argv: Sequence[str]) -> None:
 
   try:
     run(v["config"], plan, emit)
+  except errors.UsageError as error:
+    cli.fail(str(error))
   finally:
     if out is not None:
       out.close()
