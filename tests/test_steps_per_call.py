@@ -48,12 +48,25 @@ def test_multi_step_scans_host_batches_or_the_carried_state():
     steps.make_multi_step(step_fn, 0)
 
 
-@pytest.mark.parametrize("value", [0, -2])
-def test_steps_per_call_must_be_a_positive_integer(value):
+@pytest.mark.parametrize("value", [-2, True])
+def test_steps_per_call_must_be_a_non_negative_integer(value):
   config = load_config("tiny_config")
   config.steps_per_call = value
   with pytest.raises(ConfigError, match="config.steps_per_call"):
     configlib.validate(config)
+
+
+def test_zero_steps_per_call_is_several_on_accelerators_and_one_on_cpus():
+  config = load_config("tiny_config")
+  assert config.steps_per_call == 0  # The default: chosen by the platform.
+  configlib.validate(config)
+  k = configlib.ACCELERATOR_STEPS_PER_CALL
+  assert k > 1
+  assert [configlib.steps_per_call(config, p) for p in ("cpu", "gpu", "tpu")] == [1, k, k]
+  config.steps_per_call = 3  # Given: kept everywhere.
+  assert [configlib.steps_per_call(config, p) for p in ("cpu", "gpu", "tpu")] == [3, 3, 3]
+  del config["steps_per_call"]  # A config.json written before the field.
+  assert configlib.steps_per_call(config, "gpu") == 1
 
 
 @pytest.mark.slow

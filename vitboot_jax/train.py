@@ -271,7 +271,7 @@ def train_and_evaluate(
     metrics.write_json(workdir / workdirs.DATA_FILE, data_record)
 
   eval_every = eval_interval(config, steps_per_epoch)
-  steps_per_call = config.get("steps_per_call", 1)
+  steps_per_call = configlib.steps_per_call(config, mesh.devices.flat[0].platform)
   progress_log = progress.Progress(
     total_steps=total_steps,
     steps_per_epoch=steps_per_epoch,
@@ -282,12 +282,14 @@ def train_and_evaluate(
   )
   loop = _Loop(config, feed, trainer, ckpt, writer, progress_log)
   logging.info(
-    "Training %s (%s) for %d steps (%d per epoch, %d examples) on %d devices, %d processes",
+    "Training %s (%s) for %d steps (%d per epoch, %d examples, up to %d a call) on %d devices, "
+    "%d processes",
     "+".join(trainer.models.names),
     config.mode,
     total_steps,
     steps_per_epoch,
     info.num_train_examples,
+    steps_per_call,
     jax.device_count(),
     jax.process_count(),
   )
