@@ -254,11 +254,29 @@ def main():
     if cuda:
       torch.cuda.synchronize(device)
 
+  def common(model, cfg, use_amp):
+    """The arguments both official trainers take alike, as their workers pass them."""
+    loss = get_loss_fn(cfg["loss"])
+    loss.to(device)
+    return dict(
+      train_cfg=cfg["training"],
+      log_args=log_args,
+      train_loader=LengthOnlyLoader(782),
+      val_loader=None,
+      model=model,
+      loss=loss,
+      loss_weights=cfg["loss"]["weight_dict"],
+      evaluator=None,
+      distributed=False,
+      device=device,
+      resume="",
+      use_amp=use_amp,
+    )
+
   def build(mode, use_amp):
     cfg = get_cfg(os.path.join(repo, CONFIGS[mode]))
     train_cfg = cfg["training"]
     train_cfg["print_interval"] = 10**12  # never log (a log step syncs and writes TB)
-    loss_cfg = cfg["loss"]
     if mode == "vit":
       model_cfg = cfg["model"]
       model_cfg["patch_embed"]["img_size"] = args.image_size
@@ -269,23 +287,8 @@ def main():
       model.to(device)
       optimizer = get_optimizer(model.parameters(), train_cfg["optimizer"])
       lr_scheduler = get_scheduler(optimizer, train_cfg["lr_schedule"])
-      loss = get_loss_fn(loss_cfg)
-      loss.to(device)
       trainer = worker_mod.Trainer(
-        train_cfg=train_cfg,
-        log_args=log_args,
-        train_loader=LengthOnlyLoader(782),
-        val_loader=None,
-        optimizer=optimizer,
-        lr_scheduler=lr_scheduler,
-        model=model,
-        loss=loss,
-        loss_weights=loss_cfg["weight_dict"],
-        evaluator=None,
-        distributed=False,
-        device=device,
-        resume="",
-        use_amp=use_amp,
+        optimizer=optimizer, lr_scheduler=lr_scheduler, **common(model, cfg, use_amp)
       )
       clip = train_cfg.get("clip_max_norm")
       patch = model_cfg["patch_embed"]["patch_size"]
@@ -302,25 +305,12 @@ def main():
       model = get_mutual_model(mutual_cfg["cfg"], args.num_classes)
       model.to(device)
       optimizers, lr_schedulers = mutual_mod.get_mutual_learners(train_cfg, mutual_cfg, model)
-      loss = get_loss_fn(loss_cfg)
-      loss.to(device)
       trainer = mutual_mod.MutualTrainer(
-        train_cfg=train_cfg,
         mutual_cfg=mutual_cfg,
-        log_args=log_args,
-        train_loader=LengthOnlyLoader(782),
-        val_loader=None,
         optimizers=optimizers,
         lr_schedulers=lr_schedulers,
-        model=model,
         master_model_name=mutual_cfg["master"],
-        loss=loss,
-        loss_weights=loss_cfg["weight_dict"],
-        evaluator=None,
-        distributed=False,
-        device=device,
-        resume="",
-        use_amp=use_amp,
+        **common(model, cfg, use_amp),
       )
       clip = mutual_cfg["cfg"]["joint"].get("clip_max_norm")
       patch = vit_cfg["patch_embed"]["patch_size"]
