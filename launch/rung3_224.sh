@@ -81,7 +81,13 @@ for i in "${!rows[@]}"; do
     wait "${pids[$i]}"
     rc=$?
   done
-  echo "${rows[$i]}: exit $rc after $((SECONDS - start)) s" | tee -a "$root/rows.txt"
+  note=""
+  for seed in ${seeds//,/ }; do  # A row cut after its run finished (writing its table) is done.
+    if ((rc != 0)) && [[ -f $root/${rows[$i]}_seed$seed/final.json ]]; then
+      note=" (seed $seed finished: final.json written)"
+    fi
+  done
+  echo "${rows[$i]}: exit $rc after $((SECONDS - start)) s$note" | tee -a "$root/rows.txt"
   ((rc == 0)) || status=$rc
 done
 "${sweep[@]}" >"$root/table.log" 2>&1
