@@ -25,11 +25,13 @@ def test_call_lengths_end_on_every_boundary():
   while step < 30:
     step += train.call_length(step, 4, 30, 10, 4)
     ends.append(step)
-  assert ends == [4, 8, 10, 12, 16, 20, 24, 28, 30]
-  assert {b - a for a, b in zip([0, *ends], ends, strict=False)} == {4, 2}  # Two compiles.
+  assert ends == [4, 8, 9, 10, 11, 12, 16, 20, 24, 28, 29, 30]
+  # Short of a boundary one step a call: two compiled calls, whatever the remainders.
+  assert {b - a for a, b in zip([0, *ends], ends, strict=False)} == {4, 1}
   assert train.call_length(0, 1, 30, 10, 4) == 1
-  assert train.call_length(5, 100, 30, 0, -1) == 25  # No intervals: only the end cuts.
-  assert train.call_length(27, 8, 30, 10) == 3
+  assert train.call_length(5, 25, 30, 0, -1) == 25  # No intervals: only the end cuts.
+  assert train.call_length(5, 100, 30, 0, -1) == 1
+  assert train.call_length(27, 8, 30, 10) == 1
 
 
 def test_multi_step_scans_host_batches_or_the_carried_state():

@@ -66,14 +66,14 @@ _NOT_CHECKED = ("train/lr", "train/feature_weight", "train/align_")
 
 
 def call_length(step: int, steps_per_call: int, total_steps: int, *intervals: int) -> int:
-  """How many steps the call after `step` runs: steps_per_call, cut at total_steps and at the
-  next multiple of each positive interval (evaluations, checkpoints), so those land on the same
-  steps as with one step a call."""
+  """How many steps the call after `step` runs: steps_per_call, or 1 where total_steps or the
+  next multiple of a positive interval (evaluations, checkpoints) comes sooner, so those land on
+  the same steps as with one step a call, and a run compiles two calls, not one per remainder."""
   end = min(step + steps_per_call, total_steps)
   for every in intervals:
     if every > 0:
       end = min(end, (step // every + 1) * every)
-  return end - step
+  return steps_per_call if end - step == steps_per_call else 1
 
 
 def _step_values(call_metrics: dict[str, Any], index: int) -> dict[str, float]:
