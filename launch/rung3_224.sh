@@ -21,6 +21,9 @@
 # ROOT/table.json and ROOT/curves.png; logs in ROOT/<row>.log. Then, for the newest checkpoints of
 # every row with a ViT, tools/representations (how alike the ViT's tokens are, and the hint's loss
 # beside its floor) into ROOT/representations.log, its last line JSON, within REPR_S seconds.
+# TABLE=mechanism_tokens16 runs that table's rows the same way (issue 53's queue, item 5: the
+# mechanism study at 16x16 tokens; its teacher rows read the agent row's run, so run ROWS="agent"
+# first, then the rest).
 # Env: DRY=1 prints the commands and runs nothing; ROWS (all five, e.g. ROWS="vit agent"); SEEDS (0), BUDGET_S (0: no limit), MEM_FRACTION (the accelerator memory each process may
 # take, default 0.9 / number of rows), JAX_COMPILATION_CACHE_DIR (ROOT/jax_cache), REPR_S (90;
 # 0 skips the representations), REPR_IMAGES (256 test images).
@@ -30,6 +33,10 @@ epochs=${2:?usage: rung3_224.sh ROOT EPOCHS NPZ_DIR [sweep flags]}
 npz=$(realpath -m "${3:?usage: rung3_224.sh ROOT EPOCHS NPZ_DIR [sweep flags]}")
 shift 3
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [[ -n ${TABLE:-} && -z ${ROWS:-} ]]; then
+  echo "rung3_224.sh: TABLE=$TABLE needs ROWS (its rows to run side by side)" >&2
+  exit 2
+fi
 read -r -a rows <<<"${ROWS:-vit agent joint shared_align shared_noalign}"
 seeds=${SEEDS:-0}
 budget=${BUDGET_S:-0}
@@ -50,7 +57,8 @@ export JAX_PLATFORMS=${JAX_PLATFORMS-}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$root/jax_cache}
 # Several processes on one accelerator: none may take the default 75% of its memory.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${MEM_FRACTION:-$(python -c "print(round(0.9 / ${#rows[@]}, 3))")}
-sweep=(python -m vitboot_jax.tools.sweep --table=replication_224 "--root=$root" "--seeds=$seeds"
+sweep=(python -m vitboot_jax.tools.sweep "--table=${TABLE:-replication_224}" "--root=$root"
+  "--seeds=$seeds" --override=--config.data.pipeline=device
   --override=--config.data.name=npz "--override=--config.data.dir=$npz"
   --override=--config.data.train_fraction=1.0 "--override=--config.num_epochs=$epochs"
   "${evals[@]}" "$@")
@@ -94,7 +102,9 @@ done
 sed -n '/^# /,$p' "$root/table.log"
 repr_s=${REPR_S:-90}
 runs=()
-for row in joint vit shared_noalign shared_align; do
+for row in joint "${rows[@]}"; do  # This call's rows with a ViT, joint first.
+  [[ $row == agent || " ${rows[*]} " != *" $row "* ]] && continue
+  [[ " ${runs[*]} " == *"/${row}_seed"* ]] && continue
   for seed in ${seeds//,/ }; do
     [[ -d $root/${row}_seed$seed/checkpoints ]] && runs+=("--workdir=$root/${row}_seed$seed")
   done

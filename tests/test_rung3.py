@@ -89,6 +89,31 @@ def test_rows_are_the_papers_vits_configs_on_the_device_pipeline(tmp_path):
       assert config.align == ("none" if row == "shared_noalign" else "pcgrad")
 
 
+def test_another_tables_rows_run_the_same_way_and_must_be_named(tmp_path):
+  # Queue item 5: the mechanism rows at 16x16 tokens, side by side on the device pipeline.
+  npz_dir = tmp_path / "npz"
+  npz_dir.mkdir()
+  for split in ("train", "test"):
+    npz.write_npz(
+      str(npz_dir / f"{split}.npz"), np.zeros((20, 32, 32, 3), np.uint8), np.arange(20) % 10
+    )
+  refused = _launch(tmp_path / "root", 10, npz_dir, TABLE="mechanism_tokens16")
+  assert refused.returncode == 2 and "needs ROWS" in refused.stderr
+  proc = _launch(tmp_path / "root", 10, npz_dir, TABLE="mechanism_tokens16", ROWS="agent", DRY="1")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  commands = [shlex.split(c) for c in proc.stdout.splitlines() if c.startswith("python -m")]
+  names = [r.name for r in sweep.rows("mechanism_tokens16")]
+  assert names == [r.name for r in sweep.rows("mechanism")] and len(commands) == len(names)
+  for args in commands:
+    spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
+    assert spec.startswith("configs/cifar10_tokens16.py:mode="), spec
+    config = _apply(load_config(spec), [a for a in args if a.startswith("--config.")])
+    configlib.validate(config, num_devices=1)
+    assert config.model.patch_size == 2 and config.num_epochs == 10
+    assert config.data.pipeline == "device" and config.data.name == "npz"
+    assert config.data.dir == str(npz_dir) and config.data.train_fraction == 1.0
+
+
 def test_missing_data_is_one_line_with_the_packing_command(tmp_path):
   proc = _launch(tmp_path / "root", 10, tmp_path / "nowhere")
   assert proc.returncode == 2

@@ -337,6 +337,15 @@ _TABLES += (
     **{**_REPLICATION, "epochs": 5},
   ),
 )
+_TABLES += (
+  Table(
+    "mechanism_tokens16",
+    "Why the hint costs the ViT, at 16x16 tokens (CIFAR-10 10%, 32 px, patch 2)",
+    _mechanism_rows("configs/cifar10_tokens16.py"),
+    root="workdirs/mechanism_tokens16",
+    **_REPLICATION,  # 10 epochs, as the 16x16-token replication; on a GPU: launch/rung3_224.sh.
+  ),
+)
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
 PAPER_TABLES = tuple(t.name for t in _TABLES if t.paper)
 
