@@ -73,14 +73,19 @@ class _StubMeta(type):
   """Stub classes: any attribute is another stub; calling (constructing) one raises."""
 
   def __getattr__(cls, name):
-    if name.startswith("__"):
-      raise AttributeError(name)
-    value = _stub_attr(f"{cls.__qualname__}.{name}")
-    setattr(cls, name, value)
-    return value
+    return _stub_member(cls, cls.__qualname__, name)
 
   def __call__(cls, *args, **kwargs):
     raise StubUsed(f"stub {cls.__qualname__} was used; the timed path must not reach it")
+
+
+def _stub_member(owner, prefix, name):
+  """owner.name as a stub class, made on first access and kept (dunders stay missing)."""
+  if name.startswith("__"):
+    raise AttributeError(name)
+  value = _stub_attr(f"{prefix}.{name}")
+  setattr(owner, name, value)
+  return value
 
 
 def _stub_attr(qualname):
@@ -91,11 +96,7 @@ def _stub_attr(qualname):
 
 class _StubModule(types.ModuleType):
   def __getattr__(self, name):
-    if name.startswith("__"):
-      raise AttributeError(name)
-    value = _stub_attr(f"{self.__name__}.{name}")
-    setattr(self, name, value)
-    return value
+    return _stub_member(self, self.__name__, name)
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
