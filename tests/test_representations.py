@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
+from jax.tree_util import keystr, tree_flatten_with_path
 
 from tests import runs, without_tensorflow
 from vitboot_jax import checkpoint, errors
@@ -88,17 +89,5 @@ def test_a_device_pipeline_run_is_read_without_tensorflow_and_alike(uninterrupte
   (row,) = json.loads(proc.stdout.splitlines()[-1])
   (want,) = representations.read_workdir(str(uninterrupted), ["last"], images=40)
   assert row.pop("workdir") == str(run) and want.pop("workdir") == str(uninterrupted)
-  got, expected = dict(_leaves(row)), dict(_leaves(want))
+  got, expected = ({keystr(k): v for k, v in tree_flatten_with_path(r)[0]} for r in (row, want))
   assert got.keys() == expected.keys() and got == pytest.approx(expected, rel=1e-5, abs=1e-6)
-
-
-def _leaves(tree, path=""):
-  """(path, number) of every leaf of nested dicts and lists."""
-  if isinstance(tree, dict):
-    for key, value in tree.items():
-      yield from _leaves(value, f"{path}/{key}")
-  elif isinstance(tree, list):
-    for i, value in enumerate(tree):
-      yield from _leaves(value, f"{path}/{i}")
-  else:
-    yield path, tree
