@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.config_files import load_config
-from vitboot_jax import errors
+from vitboot_jax import errors, sharding
 from vitboot_jax.tools.perf import device_plan
 
 
@@ -20,7 +20,7 @@ def test_the_issue_targets_come_first_and_every_item_once():
     "steps_per_call/vit/64/bfloat16",
     "steps_per_call/shared/64/bfloat16",
   ]
-  assert names[4:6] == ["timm/64", "timm/256"]
+  assert names[4:7] == ["timm/64", "hint_shares/shared/64/bfloat16", "timm/256"]
   assert len(names) == len(set(names))
   every_step = {
     f"step/{m}/{b}/{d}"
@@ -59,3 +59,14 @@ def test_timm_is_skipped_with_a_note_without_torch(monkeypatch):
   ctx = device_plan.Context(load_config("vits_cifar100"), None, device_plan.Plan(), {})
   row = device_plan.timm_row(ctx, 64)
   assert row["item"] == "timm" and "torch/timm absent" in row["skipped"]
+
+
+@pytest.mark.slow
+def test_the_hint_shares_row_times_the_step_without_and_with_the_diagnostic():
+  plan = device_plan.Plan(steps=2)
+  ctx = device_plan.Context(load_config("tiny_config"), sharding.make_mesh(), plan, {})
+  row = device_plan.hint_shares_row(ctx, "shared", 16, "float32")
+  assert row["step_s_off"] > 0 and row["step_s_on"] > 0
+  assert row["slowdown_on"] == pytest.approx(row["step_s_on"] / row["step_s_off"])
+  # The conditional keeps the ViT's forward residuals alive through the step.
+  assert row["temp_bytes_on"] > row["temp_bytes_off"]

@@ -138,10 +138,14 @@ def _run_uncached(mode, n, **updates):
 
 @pytest.mark.slow
 def test_measuring_the_shares_leaves_the_step_unchanged():
-  # Measured on every step (log_every_steps=1) or on logged steps only (3): the same states.
-  every, h_every = _run("joint", n=3, log_every_steps=1)
-  rare, h_rare = _run("joint", n=3, log_every_steps=3)
+  # Measured on every step (log_every_steps=1), on logged steps only (3) or not at all (the
+  # default): the same states.
+  every, h_every = _run("joint", n=3, log_every_steps=1, log_hint_shares=True)
+  rare, h_rare = _run("joint", n=3, log_every_steps=3, log_hint_shares=True)
+  off, h_off = _run("joint", n=3, log_every_steps=1)
   jax.tree.map(np.testing.assert_array_equal, every.params, rare.params)
+  jax.tree.map(np.testing.assert_array_equal, every.params, off.params)
+  assert not any("train/hint_grad_ratio" in m for m in h_off)
   assert [m["train/hint_grad_ratio"] > 0 for m in h_every] == [True, True, True]
   assert [m["train/hint_grad_ratio"] > 0 for m in h_rare] == [False, False, True]
   assert h_rare[2]["train/hint_grad_ratio"] == h_every[2]["train/hint_grad_ratio"]
@@ -169,6 +173,18 @@ def test_the_shares_are_the_gradients_of_each_term_alone():
     terms["grad_norm_feature_share_vit"] / terms["grad_norm_ce_share_vit"],
     rtol=1e-6,
   )
+
+
+def test_the_shares_diagnostic_is_compiled_into_the_step_only_when_asked():
+  # Off (the default), the step holds no conditional and no second pullback of the ViT.
+  batch = batch_of()
+  lowered = {}
+  for on in (False, True):
+    _, _, _, state, step = setup("joint", log_hint_shares=on)
+    lowered[on] = jax.jit(step).lower(state, batch).as_text()
+  assert "stablehlo.case" not in lowered[False] and "stablehlo.case" in lowered[True]
+  dots = {on: text.count("stablehlo.dot_general") for on, text in lowered.items()}
+  assert dots[True] > dots[False]
 
 
 def optax_norm(tree):

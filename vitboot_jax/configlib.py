@@ -53,6 +53,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_epochs = 0
   c.total_steps = -1  # > 0 caps training (smoke runs); -1 trains num_epochs.
   c.log_every_steps = 50
+  # Also log the ViT's cross-entropy and hint gradient shares (hint_grad_ratio) on logging steps:
+  # a diagnostic whose second, batched backward sits in every step under a conditional, which
+  # costs every step time and memory (docs/performance.md); the study tables turn it on.
+  c.log_hint_shares = False
   c.eval_every_steps = -1  # > 0: evaluate every N steps; -1: every eval_every_epochs epochs.
   c.eval_every_epochs = 1  # With eval_every_steps=-1: after every N-th epoch (and at the end).
   c.checkpoint_every_steps = 1000

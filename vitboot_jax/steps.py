@@ -113,9 +113,10 @@ def model_gradients(
   """({name: gradient of that model's loss w.r.t. all params}, new batch_stats, loss terms).
 
   Where the ViT has a feature term, the norms of its CE and feature shares of the ViT's gradient
-  are measured when `log_hint` is true (two extra pullbacks, on logging steps only; zeros
-  otherwise), or every step with config.loss.feature_balance > 0, which scales the feature share
-  down to at most feature_balance x the CE share's norm.
+  are measured when `log_hint` is true (one batched pullback of both shares; a traced `log_hint`
+  puts it under a conditional, zeros when false; a Python False leaves it and its metrics out),
+  or every step with config.loss.feature_balance > 0, which scales the feature share down to at
+  most feature_balance x the CE share's norm.
   """
   images, labels = batch["image"], batch["label"]
   outputs, pullbacks, new_stats = {}, {}, dict(variables["batch_stats"])
@@ -211,7 +212,7 @@ def _hinted_gradient(
 
   zeros = lambda: _hint_norms(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
   if isinstance(log_hint, bool):  # Known when traced: no conditional needed.
-    return grad, loss_params_grad, measure() if log_hint else zeros()
+    return grad, loss_params_grad, measure() if log_hint else {}
   return grad, loss_params_grad, jax.lax.cond(log_hint, measure, zeros)
 
 
@@ -333,8 +334,10 @@ def make_train_step(
       )
     if gate is not None:
       weight = weight * gate["open"]
-    logged = state.step + 1  # The step number the loop logs these metrics under.
-    log_hint = (logged % config.log_every_steps == 0) | (logged == total)
+    log_hint = False  # Off: the shares' measurement is not compiled into the step at all.
+    if config.log_hint_shares:
+      logged = state.step + 1  # The step number the loop logs these metrics under.
+      log_hint = (logged % config.log_every_steps == 0) | (logged == total)
     grad, new_stats, metrics = direction(
       state.params, state.batch_stats, batch, rng, weight, log_hint
     )

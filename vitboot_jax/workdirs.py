@@ -35,6 +35,7 @@ COMMIT_MARKER = "commit_success.txt"
 VOLATILE_FIELDS = frozenset(
   {
     "log_every_steps",
+    "log_hint_shares",  # A diagnostic: the update is the same with it on or off.
     "checkpoint_every_steps",
     "keep_checkpoints",
     "eval_every_steps",

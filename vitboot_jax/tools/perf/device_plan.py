@@ -17,7 +17,10 @@ next call passes what an earlier one measured as --skip (the "done" row's names)
      attention dropout 0 (the recipe's 0.1 keeps the plain path in training) and in evaluation.
   5. "eval": a full CIFAR-test-sized evaluation (10,000 images by default) as train.py runs it
      (evaluate.evaluate over shipped uint8 crops), its compile time apart.
-  6. "timm": timm's VisionTransformer of the same shape (ViT-S: 288 wide, 6 layers, 9 heads,
+  6. "hint_shares": the shared step as users run it against the same step with
+     config.log_hint_shares on (the diagnostic's conditional compiled in, not taken: no logging
+     step is timed), alternating in one process: per-step time and XLA's temp memory of each.
+  7. "timm": timm's VisionTransformer of the same shape (ViT-S: 288 wide, 6 layers, 9 heads,
      MLP 1152, patch 16, 224 px, the recipe's dropout) under torch.compile, bf16 autocast and
      PyTorch's fused attention (SDPA); skipped with a note where torch or timm is absent.
 """
@@ -141,6 +144,39 @@ def steps_per_call_row(ctx: Context, mode: str, batch: int, dtype: str) -> dict:
     "compile_s_one": step.compile_s,
     "compile_s_k": multi_compile_s,
   }
+
+
+def hint_shares_row(ctx: Context, mode: str, batch: int, dtype: str) -> dict:
+  """The step without and with the hint-share diagnostic compiled in, alternating."""
+  plan, row = ctx.plan, {"item": "hint_shares", "mode": mode, "batch": batch, "dtype": dtype}
+  calls = {}
+  for name, on in (("off", False), ("on", True)):
+    c = ctx.config.copy_and_resolve_references()
+    with c.unlocked():
+      c.log_hint_shares = on
+      c.log_every_steps = 10**9  # No timed step is a logging one: the conditional's cost alone.
+    step = benchmark.compile_mode_step(c, mode, ctx.mesh, batch=batch, dtype=dtype)
+    memory = step.compiled.memory_analysis()
+    row[f"compile_s_{name}"] = step.compile_s
+    row[f"temp_bytes_{name}"] = getattr(memory, "temp_size_in_bytes", None)
+    holder = {"state": step.state}
+
+    def call(step=step, holder=holder):
+      holder["state"], metrics = step.compiled(holder["state"], step.data)
+      return metrics
+
+    calls[name] = call
+    if not on:  # The step users run; MFU is of its FLOPs.
+      row["flops_per_step"] = 2 * step.macs
+  times = benchmark.time_alternately(calls, rounds=max(3, plan.steps // 2), warmup=1)
+  row.update({f"step_s_{name}": t for name, t in times.items()})
+  row["img_per_s_off"] = batch / times["off"]
+  if "bfloat16_flops_per_s" in ctx.peak:
+    row["mfu_bf16_peak_off"] = (
+      row["flops_per_step"] / times["off"] / ctx.peak["bfloat16_flops_per_s"]
+    )
+  row["slowdown_on"] = times["on"] / times["off"]
+  return row
 
 
 def attention_row(ctx: Context, batch: int, dtype: str) -> dict:
@@ -297,6 +333,11 @@ def items(ctx: Context) -> list[tuple[str, Callable[[], dict]]]:
     (f"steps_per_call/{m}/{small}/{dtype}", p(steps_per_call_row, ctx, m, small, dtype))
     for m in headline
   ]
+  out.append((f"timm/{small}", p(timm_row, ctx, small)))
+  if "shared" in plan.modes:  # The one change in the shared step since its first GPU timing.
+    out.append(
+      (f"hint_shares/shared/{small}/{dtype}", p(hint_shares_row, ctx, "shared", small, dtype))
+    )
   out += [(f"timm/{b}", p(timm_row, ctx, b)) for b in plan.batches]
   if "vit" in plan.modes:
     out.append((f"step/vit/{big}/{dtype}", p(step_row, ctx, "vit", big, dtype)))
