@@ -2,7 +2,6 @@
 §D.3)."""
 
 import hashlib
-import pathlib
 import time
 
 import jax
@@ -13,6 +12,7 @@ from flax import linen as nn
 
 from tests.config_files import load_config
 from vitboot_jax import sharding, trainer
+from vitboot_jax.cpu import features
 from vitboot_jax.models import attention_init as ai
 from vitboot_jax.models import attention_params
 from vitboot_jax.models import impulse_init as impulse_lib
@@ -457,12 +457,11 @@ INITIAL_PARAMS_SHA256 = {
 
 def _cpu_kind() -> str:
   """The CPU's vendor and widest vector extension, e.g. "GenuineIntel avx512" ("" if unknown)."""
-  try:
-    words = pathlib.Path("/proc/cpuinfo").read_text().split()
-  except OSError:
+  flags = features.cpu_flags()
+  if flags is None:
     return ""
-  vendor = words[words.index("vendor_id") + 2] if "vendor_id" in words else "?"
-  return f"{vendor} {'avx512' if 'avx512f' in words else 'avx2' if 'avx2' in words else '?'}"
+  vendor = features.cpu_vendor() or "?"
+  return f"{vendor} {'avx512' if 'avx512f' in flags else 'avx2' if 'avx2' in flags else '?'}"
 
 
 def _params_digest(params) -> str:

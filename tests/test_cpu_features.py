@@ -11,8 +11,8 @@ AMX = "fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8"
 def _cpuinfo(tmp_path, flags: str):
   path = tmp_path / "cpuinfo"
   path.write_text(
-    f"processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: {flags}\n\n"
-    f"processor\t: 1\nmodel name\t: Test CPU\nflags\t\t: {flags}\n"
+    f"processor\t: 0\nvendor_id\t: TestVendor\nmodel name\t: Test CPU\nflags\t\t: {flags}\n\n"
+    f"processor\t: 1\nvendor_id\t: TestVendor\nmodel name\t: Test CPU\nflags\t\t: {flags}\n"
   )
   return path
 
@@ -20,6 +20,13 @@ def _cpuinfo(tmp_path, flags: str):
 def test_cpu_flags_reads_the_first_processor(tmp_path):
   flags = cpu_features.cpu_flags(_cpuinfo(tmp_path, AVX2_ONLY))
   assert flags == frozenset(AVX2_ONLY.split())
+
+
+def test_cpu_vendor_and_model_of_the_first_processor(tmp_path):
+  path = _cpuinfo(tmp_path, AVX2_ONLY)
+  assert cpu_features.cpu_vendor(path) == "TestVendor"
+  assert cpu_features.cpu_model(path) == "Test CPU"
+  assert cpu_features.cpu_vendor(tmp_path / "absent") is None
 
 
 def test_cpu_flags_unreadable_or_without_flags(tmp_path):
