@@ -280,6 +280,39 @@ def _mechanism_rows(config: str) -> tuple[Row, ...]:
   )
 
 
+def _helps_rows(config: str) -> tuple[Row, ...]:
+  """Can the agent help the ViT: the references, then one labelled candidate recipe a row (each a
+  switch of configs/common.py, off by default), where the agent leads the ViT (20 epochs)."""
+
+  def row(name: str, args: str, note: str, models=("vit", "agent"), overrides=()) -> Row:
+    return Row(name, f"{config}:{args}", models, note, tuple(overrides), run=name)
+
+  teacher = (f"--config.agent_init_from={AGENT_RUN}",)
+  # The agent-alone row is every teacher row's teacher, so it runs before them.
+  return (
+    row("vit", "mode=vit", "reference: ViT alone", ("vit",)),
+    row("agent", "mode=agent", "reference: agent alone (the teacher rows' teacher)", ("agent",)),
+    row("joint", "mode=joint", "reference: official joint (ce 1, kd 1, feature 10)"),
+    row(
+      "kd_teacher",
+      "mode=joint,feature=0,frozen=1",
+      "1 soft KD only, from the finished agent, frozen",
+      overrides=teacher,
+    ),
+    row(
+      "teacher_corr",
+      "mode=joint,frozen=1,form=corr",
+      "3 KD + the correlation hint, from the finished agent, frozen",
+      overrides=teacher,
+    ),
+    row(
+      "shared_nohint",
+      "mode=shared,align=pcgrad,feature=0",
+      "4 shared with Align, no hint (KD both ways)",
+    ),
+  )
+
+
 # The study tables log the ViT's CE and hint gradient shares (the paper tables train as users do).
 SHARES = "--config.log_hint_shares=true"
 _REPLICATION = dict(
@@ -347,6 +380,19 @@ _TABLES += (
     _mechanism_rows("configs/cifar10_tokens16.py"),
     root="workdirs/mechanism_tokens16",
     **_REPLICATION,  # 10 epochs, as the 16x16-token replication; on a GPU: launch/rung3_224.sh.
+  ),
+)
+_TABLES += (
+  Table(
+    "helps",
+    "Can the agent help the ViT? Labelled recipes where the agent leads (8x8 tokens, 20 epochs)",
+    _helps_rows("configs/quickstart.py"),
+    root="workdirs/helps",
+    note_header="description",
+    seeds=(0, 1),
+    epochs=20,
+    data_folder=True,
+    overrides=("--config.eval_every_epochs=5",),  # Four points a curve, as the 20-epoch rung.
   ),
 )
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
