@@ -57,6 +57,8 @@ SWITCHES = dict(
   gate=0.0,
   teacher="",
   frozen=False,
+  # DeiT's hard distillation from the agent (the "Can the agent help?" study).
+  distill="none",
 )
 
 
@@ -104,6 +106,9 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   fraction F of the steps only), gate=A (the hint off until the agent's running train top-1 reaches
   A), teacher=PATH (joint: the agent starts from a run of ours) and frozen=1 (joint: the agent's
   weights never change; its BatchNorm runs in training mode and its running statistics move).
+  distill=hard (joint; DeiT, Touvron et al. 2021): a distillation token after cls whose own head
+  learns the agent's argmax, the ViT's loss 1/2 CE + 1/2 CE(distillation head, agent argmax) as
+  DeiT's, evaluation the mean of the two heads' logits.
   """
   c.sam.rho = 0.1 if arg.sam == 1 else arg.sam
   c.model.attention = arg.attention
@@ -125,6 +130,11 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   c.loss.feature_gate = arg.gate
   c.agent_init_from = arg.teacher
   c.agent_frozen = arg.frozen
+  if arg.distill not in ("none", "hard"):
+    raise ValueError(f"distill={arg.distill!r} is unknown; choose 'none' or 'hard'")
+  if arg.distill == "hard":
+    c.model.distill_token = True
+    c.loss.ce_vit = c.loss.distill_vit = 0.5
 
 
 def cifar(name: str) -> dict:

@@ -180,12 +180,15 @@ def test_export_reads_only_and_takes_the_chosen_step(tmp_path):
     ("mode=agent", {}, "timm", "mode 'agent'.* has none; --format=official exports its agent"),
     ("mode=agent,taps=centered", {"num_heads": 4}, "official", "taps='centered' with 4 heads"),
     ("mode=cnn", {}, "official", "mode 'cnn' trains a CNN baseline"),
+    ("mode=joint,distill=hard", {}, "timm", "distillation token .*--format=timm cannot hold"),
+    ("mode=joint,distill=hard", {}, "official", "distillation token .*--format=official cannot"),
   ],
 )
 def test_what_a_format_cannot_express_is_refused_by_name(arg, model, fmt, message):
   config = load_config("tiny_config", arg)
   config.model.update(model)
-  names = {"vit": ("vit",), "agent": ("agent",), "cnn": ("cnn",)}[config.mode]
+  names = {"vit": ("vit",), "agent": ("agent",), "cnn": ("cnn",), "joint": ("vit", "agent")}
+  names = names[config.mode]
   run = export.Run(config, 1, {name: {} for name in names}, {}, [])
   with pytest.raises(errors.UsageError, match=message):
     (export.timm_export if fmt == "timm" else export.official_export)(run)

@@ -108,6 +108,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.ln_eps = 1e-6
   c.model.init = "official"  # "official" | "standard" | "mimetic" | "impulse3" | "impulse5"
   c.model.attention = "softmax"  # "softmax" | "entmax" (the paper's "Sparse" rows)
+  # A variant (joint): DeiT's distillation token, its head trained on the agent's argmax
+  # (loss.distill_vit); evaluation averages the two heads.
+  c.model.distill_token = False
 
   # CNN baselines (mode "cnn"): "resnet50" | "efficientnet_b2".
   c.cnn = ml_collections.ConfigDict()
@@ -136,6 +139,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.kd_agent = 0.0
   c.loss.feature_vit = 0.0
   c.loss.temperature = 4.0
+  c.loss.distill_vit = 0.0  # The ViT's distillation head: CE on the agent's argmax (DeiT hard).
   c.loss.feature_loss = "official"  # "official" (LN + MSE) | "paper" (Eq. 6)
   c.loss.adapt = "seq1d"  # "seq1d" (official 1-D pooling) | "pool2d" (Table 4's AP-2D)
   # "epoch" (official, piecewise constant) | "step" | "none" (constant: Table 4's "No Decay")
@@ -295,6 +299,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   if c.loss.adapt not in ADAPTERS:
     raise ConfigError(f"config.loss.adapt={c.loss.adapt!r} is unknown; choose one of {ADAPTERS}")
   _validate_hint_variants(c)
+  _validate_distillation(c)
   if c.align not in ALIGN_METHODS:
     raise ConfigError(f"config.align={c.align!r} is unknown; choose one of {ALIGN_METHODS}")
   if c.align_granularity not in ALIGN_GRANULARITIES:
@@ -353,6 +358,33 @@ def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(
       f"config.agent_init_from / config.agent_frozen are joint-mode variants (the agent has its "
       f"own weights there); mode {c.mode!r} cannot use them"
+    )
+
+
+def _validate_distillation(c: ml_collections.ConfigDict) -> None:
+  """DeiT's hard distillation (distill=hard): a token and its loss, together, from a joint agent."""
+  token, weight = c.model.get("distill_token", False), c.loss.get("distill_vit", 0.0)
+  if not token and not weight:
+    return
+  if not (token and weight > 0):
+    raise ConfigError(
+      f"config.model.distill_token={token} with config.loss.distill_vit={weight}: the "
+      "distillation token and its loss go together (the switch distill=hard sets both)"
+    )
+  if c.mode != "joint":
+    raise ConfigError(
+      f"distill=hard needs the agent as its teacher (mode joint); mode {c.mode!r} has none"
+    )
+  clashes = {
+    "config.model.init": c.model.init if c.model.init in ATTENTION_INITS else None,
+    "config.init_from": c.init_from or None,
+  }
+  clashes = {k: v for k, v in clashes.items() if v is not None}
+  if clashes:
+    named = ", ".join(f"{k}={v!r}" for k, v in clashes.items())
+    raise ConfigError(
+      f"distill=hard cannot be combined with {named}: it reads or writes the tokens as "
+      "[cls, patches] and the distillation token would sit among them"
     )
 
 

@@ -43,7 +43,7 @@ def _accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 # The weighted terms of a model's loss, in the order they are summed.
-PARTS = ("ce", "kd", "feature", "drloc")
+PARTS = ("ce", "kd", "distill", "feature", "drloc")
 
 
 def model_loss(
@@ -61,6 +61,8 @@ def model_loss(
 
   L_vit   = ce_vit CE + kd_vit KD(vit <- sg agent) + feature_vit w(t) sum_l feat_l(vit, sg agent)
   L_agent = ce_agent CE + kd_agent KD(agent <- sg vit)
+  and, with a distillation token (a variant), distill_vit CE(the ViT's distillation head,
+  argmax of the agent's logits): DeiT's hard distillation.
   plus drloc.weight L_drloc for a model with a `drloc_task`. Terms whose weight is 0, or whose
   partner model is absent, are left out. `projectors`: the ViT's hint projector (a variant);
   `parts` (of PARTS): which weighted terms the returned loss sums (all: the loss; one: that
@@ -77,6 +79,11 @@ def model_loss(
   if other in outputs and w[f"kd_{name}"]:
     terms[f"kd_{name}"] = losses.kd(logits, outputs[other][0], w.temperature)
     weighted["kd"] = w[f"kd_{name}"] * terms[f"kd_{name}"]
+  if other in outputs and name == "vit" and w.get("distill_vit", 0.0):
+    teacher = jnp.argmax(outputs[other][0], -1)
+    terms["distill_vit"] = losses.cross_entropy(extras["dist_logits"], teacher)
+    terms["top1_dist_vit"] = _accuracy(extras["dist_logits"], labels)
+    weighted["distill"] = w.distill_vit * terms["distill_vit"]
   if other in outputs and name == "vit" and w.feature_vit:
     feature, per_layer = losses.feature_losses(
       outputs["vit"][1]["features"],
@@ -193,7 +200,7 @@ def _hinted_gradient(
   balance = config.loss.get("feature_balance", 0.0)
   if balance > 0:
     (g_ce, p_ce), (g_feature, p_feature), (g_rest, p_rest) = shares(
-      [("ce",), ("feature",), ("kd", "drloc")]
+      [("ce",), ("feature",), ("kd", "distill", "drloc")]
     )
     norm_ce, norm_feature = optax.global_norm(g_ce), optax.global_norm(g_feature)
     scale = jnp.minimum(1.0, balance * norm_ce / jnp.maximum(norm_feature, 1e-12))

@@ -290,6 +290,11 @@ def fit_vit_params(loaded: Tree, target: Tree, log: Callable[[str], None] = prin
   """`loaded` fitted to `target`, the configured model's freshly initialised ViT tree: the fresh
   head where the class count differs, pos_embed resampled to its grid; raises on anything else."""
   src, dst = _flatten(loaded), _flatten(target)
+  if "dist" in src and "dist" not in dst:
+    raise ValueError(
+      "the pre-trained ViT has a distillation token (a distill=hard run): its pos_embed and "
+      "prefix differ from this ViT's; start from a ViT trained without it"
+    )
   if _blocks(src) != _blocks(dst):
     raise ValueError(
       f"the pre-trained ViT has {_blocks(src)} blocks but the config builds {_blocks(dst)}: set "

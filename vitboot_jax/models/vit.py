@@ -196,6 +196,10 @@ class ViT(nn.Module):
 
   Those block outputs (before the final LayerNorm) are what the official hint loss reads.
   Fields are config.model's (`init_scheme` is its `init`: flax modules own the name `init`).
+  `distill_token` (a variant, DeiT's hard distillation): a second prefix token after cls with its
+  own head; training returns the class head's logits and `out["dist_logits"]`, evaluation their
+  mean (DeiT's test-time prediction). The features leave the token out, so every reader of
+  [cls, patches] (hint, DrLoc, tools) sees the plain layout.
   """
 
   num_classes: int
@@ -209,6 +213,7 @@ class ViT(nn.Module):
   init_scheme: str = "official"
   dtype: Any = jnp.float32
   attention: str = "softmax"  # "softmax" | "entmax" (the paper's Sparse ViT).
+  distill_token: bool = False
   kernels: Kernels = XLA
 
   @nn.compact
@@ -239,8 +244,11 @@ class ViT(nn.Module):
       name="patch_embed",
     )(images.astype(self.dtype))
     x = einops.rearrange(x, "b h w d -> b (h w) d")  # Row-major patches, as torch's flatten(2).
-    cls = self.param("cls", inits["cls"], (1, 1, d))
-    x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, d)).astype(x.dtype), x], axis=1)
+    prefix = [self.param("cls", inits["cls"], (1, 1, d))]
+    if self.distill_token:
+      prefix.append(self.param("dist", inits["cls"], (1, 1, d)))
+    prefix = [jnp.broadcast_to(t, (x.shape[0], 1, d)).astype(x.dtype) for t in prefix]
+    x = jnp.concatenate([*prefix, x], axis=1)
     x = x + self.param("pos_embed", inits["pos"], (1, x.shape[1], d)).astype(x.dtype)
     block = functools.partial(
       EncoderBlock,
@@ -256,16 +264,20 @@ class ViT(nn.Module):
     features = []
     for layer in range(self.depth):
       x = block(name=f"block_{layer}")(x, train=train)
-      features.append(x)
+      features.append(jnp.concatenate([x[:, :1], x[:, 2:]], axis=1) if self.distill_token else x)
     x = norm(name="norm")(x)
     pre_logits = x[:, 0]
-    logits = dense(
-      self.num_classes,
-      kernel_init=inits["head_kernel"],
-      bias_init=inits["head_bias"],
-      name="head",
-    )(pre_logits)
-    return logits.astype(jnp.float32), {"features": tuple(features), "pre_logits": pre_logits}
+    head = functools.partial(
+      dense, self.num_classes, kernel_init=inits["head_kernel"], bias_init=inits["head_bias"]
+    )
+    logits = head(name="head")(pre_logits).astype(jnp.float32)
+    out = {"features": tuple(features), "pre_logits": pre_logits}
+    if self.distill_token:
+      dist_logits = head(name="head_dist")(x[:, 1]).astype(jnp.float32)
+      if not train:
+        return (logits + dist_logits) / 2, {**out, "cls_logits": logits}
+      out["dist_logits"] = dist_logits
+    return logits, out
 
 
 def _attention_hook(module: nn.Module, method_name: str) -> bool:

@@ -116,6 +116,13 @@ def _check_vit(run: Run, fmt: str) -> None:
       f"to --format={fmt}: {why}; its weights stay usable here (config.init_from=RUN)"
     )
 
+  if run.config.model.get("distill_token", False):
+    _refuse(
+      f"this run's ViT has a distillation token (distill=hard), which --format={fmt} cannot "
+      "hold (a plain ViT: one cls token, one head); its weights stay usable here "
+      "(tools.visualize, tools.representations)"
+    )
+
 
 def _drloc_notes(run: Run) -> list[str]:
   return [

@@ -300,6 +300,12 @@ def _helps_rows(config: str) -> tuple[Row, ...]:
       overrides=teacher,
     ),
     row(
+      "deit_hard",
+      "mode=joint,distill=hard,feature=0,kd=0,frozen=1",
+      "2 DeiT hard distillation: a distillation token learns the finished frozen agent's argmax",
+      overrides=teacher,
+    ),
+    row(
       "teacher_corr",
       "mode=joint,frozen=1,form=corr",
       "3 KD + the correlation hint, from the finished agent, frozen",

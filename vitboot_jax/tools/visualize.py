@@ -208,6 +208,8 @@ def compute_maps(
     forward = jax.jit(functools.partial(vit_lib.attention_of, models.vit))
     (_, out), probs = forward({"params": variables["params"]["vit"]}, images)
     attention = [np.asarray(p) for p in probs]
+    if models.vit.distill_token:  # The maps show cls and patches: drop the token row and column.
+      attention = [np.delete(np.delete(p, 1, -1), 1, -2) for p in attention]
     vit_maps = [figures.tokens_to_grid(_channel_norm(f[:, 1:])) for f in out["features"]]
   if "agent" in names:
     forward = jax.jit(lambda v, x: models.apply(v, x, train=False, names=("agent",))[0])
