@@ -8,7 +8,7 @@ import pytest
 
 from tests.config_files import load_config
 from tests.test_steps import batch_of
-from vitboot_jax import configlib, kernel_sets, optim, steps
+from vitboot_jax import configlib, evaluate, kernel_sets, optim, steps
 from vitboot_jax.errors import ConfigError
 from vitboot_jax.models import pretrained
 from vitboot_jax.models.build import build_models, build_vit
@@ -131,6 +131,12 @@ def test_training_steps_move_the_vit_and_leave_the_frozen_teacher():
   moved = jax.tree.map(lambda a, b: bool(np.any(a != b)), new.params["vit"], state.params["vit"])
   assert moved["dist"] and moved["head_dist"]["kernel"] and moved["head"]["kernel"]
   assert np.isfinite(float(metrics["train/distill_vit"]))
+  # Evaluation reports the two heads' mean and the class head alone.
+  models = _setup(HARD)[1]
+  sums = jax.jit(evaluate.make_eval_step(models))(
+    new.params, new.batch_stats, {**batch_of(n=16), "mask": jnp.ones(16)}
+  )
+  assert set(sums) == {"count", "vit", "vit_cls", "agent"}
   assert 0.0 <= float(metrics["train/top1_dist_vit"]) <= 1.0
 
 

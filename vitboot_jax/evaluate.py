@@ -48,14 +48,20 @@ def make_eval_step(
     labels = batch["label"]
     count = jnp.sum(mask)
     sums = {"count": count}
-    for name, (logits, _) in outputs.items():
+
+    def measures(logits):
       rank = label_rank(logits, labels)
-      sums[name] = {
+      return {
         "top1": jnp.sum(mask * (rank == 0)),
         "top5": jnp.sum(mask * (rank < 5)),
         # A sum, as top1/top5: the host divides the totals by the split's count.
         "ce": losses.cross_entropy(logits, labels, weights=mask) * jnp.maximum(count, 1.0),
       }
+
+    for name, (logits, extras) in outputs.items():
+      sums[name] = measures(logits)
+      if "cls_logits" in extras:  # A distilled ViT: its class head alone too (eval/top1_vit_cls).
+        sums[f"{name}_cls"] = measures(extras["cls_logits"])
     return sums
 
   return eval_step
