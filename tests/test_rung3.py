@@ -114,6 +114,30 @@ def test_another_tables_rows_run_the_same_way_and_must_be_named(tmp_path):
     assert config.data.dir == str(npz_dir) and config.data.train_fraction == 1.0
 
 
+def test_the_helps_rows_run_at_224_px_with_their_teacher(tmp_path):
+  # Issue 65's queue item 2: the "Can the agent help?" rows on the paper's ViT-S and Agent-S.
+  npz_dir = tmp_path / "npz"
+  npz_dir.mkdir()
+  for split in ("train", "test"):
+    npz.write_npz(
+      str(npz_dir / f"{split}.npz"), np.zeros((20, 32, 32, 3), np.uint8), np.arange(20) % 10
+    )
+  proc = _launch(tmp_path / "root", 40, npz_dir, TABLE="helps_224", ROWS="agent", DRY="1")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  commands = [shlex.split(c) for c in proc.stdout.splitlines() if c.startswith("python -m")]
+  assert [r.name for r in sweep.rows("helps_224")] == [r.name for r in sweep.rows("helps")]
+  assert len(commands) == len(sweep.rows("helps"))
+  for args in commands:
+    spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
+    assert spec.startswith("configs/vits_cifar10.py:mode="), spec
+    config = _apply(load_config(spec), [a for a in args if a.startswith("--config.")])
+    configlib.validate(config, num_devices=1)
+    assert (config.image_size, config.model.embed_dim, config.num_epochs) == (224, 288, 40)
+    assert config.data.pipeline == "device" and config.data.dir == str(npz_dir)
+    if config.agent_frozen:
+      assert config.agent_init_from == str(tmp_path / "root" / "agent_seed0")
+
+
 def test_missing_data_is_one_line_with_the_packing_command(tmp_path):
   proc = _launch(tmp_path / "root", 10, tmp_path / "nowhere")
   assert proc.returncode == 2

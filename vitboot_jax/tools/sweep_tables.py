@@ -401,6 +401,17 @@ _TABLES += (
     overrides=("--config.eval_every_epochs=5",),  # Four points a curve, as the 20-epoch rung.
   ),
 )
+_TABLES += (
+  Table(
+    "helps_224",
+    "Can the agent help the ViT? The paper's ViT-S and Agent-S at 224 px, CIFAR-10 10%",
+    _helps_rows("configs/vits_cifar10.py"),
+    root="workdirs/helps_224",
+    note_header="description",
+    # The data (an .npz of the 10% subset) and the epochs come from launch/rung3_224.sh.
+    overrides=("--config.data.pipeline=device",),
+  ),
+)
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
 PAPER_TABLES = tuple(t.name for t in _TABLES if t.paper)
 
