@@ -15,6 +15,7 @@ from tests.test_steps import batch_of, gradients, setup
 from vitboot_jax import (
   checkpoint,
   configlib,
+  hint_variants,
   init_from,
   kernel_sets,
   losses,
@@ -126,7 +127,7 @@ def _run(mode, n=4, **updates):
 def _run_uncached(mode, n, **updates):
   config, models, tx, _, step = setup(mode, **updates)
   state = create_state(
-    models, tx, jax.random.key(0), (32, 32, 3), stats=steps.initial_stats(config)
+    models, tx, jax.random.key(0), (32, 32, 3), stats=hint_variants.initial_stats(config)
   )
   step = jax.jit(step)
   history = []
@@ -153,11 +154,12 @@ def test_measuring_the_shares_leaves_the_step_unchanged():
 
 @pytest.mark.slow
 def test_the_shares_are_the_gradients_of_each_term_alone():
-  config, models, _, state, _ = setup("joint")
+  config, models, _, state, _ = setup("joint", log_hint_shares=True)
+  variants = hint_variants.for_config(config, total_steps=4)
   batch = batch_of()
   _, _, terms = jax.jit(
     lambda v: steps.model_gradients(
-      config, models, v, batch, jax.random.key(3), jnp.float32(0.5), True
+      config, models, v, batch, jax.random.key(3), jnp.float32(0.5), variants, True
     )
   )({"params": state.params, "batch_stats": state.batch_stats})
   ce_only, *_ = setup("joint", **{"loss.kd_vit": 0.0, "loss.feature_vit": 0.0})
@@ -245,7 +247,7 @@ def test_gate_opens_once_the_running_top1_reaches_the_threshold_and_stays_open()
   gate = {k: jnp.zeros((), jnp.float32) for k in ("top1_ema", "steps", "open")}
   opened = []
   for top1 in (0.2, 0.5, 0.5, 0.0, 0.0):
-    gate = steps.update_gate(gate, jnp.float32(top1), 0.3)
+    gate = hint_variants.update_gate(gate, jnp.float32(top1), 0.3)
     opened.append(float(gate["open"]))
   # Running (bias-corrected) means 0.2, 0.35..., then it stays open whatever the batches do.
   assert opened == [0.0, 1.0, 1.0, 1.0, 1.0]
@@ -262,7 +264,7 @@ def test_gate_keeps_the_hint_off_until_it_opens():
     want = official[min(step, 2)]["train/feature_weight"] * is_open
     assert m["train/feature_weight"] == want, step
     is_open = max(is_open, float(m["train/feature_gate_top1"] >= 1e-6))
-  assert float(state.batch_stats[steps.GATE]["open"]) == is_open
+  assert float(state.batch_stats[hint_variants.GATE]["open"]) == is_open
   config, models, tx, _, step = setup("joint", **{"loss.feature_gate": 0.5})
   bare = create_state(models, tx, jax.random.key(0), (32, 32, 3))  # No gate statistics.
   with pytest.raises(ValueError, match="no gate statistics"):

@@ -228,6 +228,12 @@ def _unset(c: ml_collections.ConfigDict, fields: tuple[str, ...]) -> list[str]:
   return out
 
 
+def total_steps(c: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
+  """The optimiser steps of the run: num_epochs, capped by config.total_steps when positive."""
+  total = steps_per_epoch * c.num_epochs
+  return min(total, c.total_steps) if c.total_steps > 0 else total
+
+
 def steps_per_call(c: ml_collections.ConfigDict, platform: str) -> int:
   """Optimiser steps per jitted call on `platform` ("cpu", "gpu", "cuda", "tpu"), 0 resolved."""
   k = c.get("steps_per_call", 1)  # Configs written before the field: one step a call.

@@ -30,7 +30,7 @@ def create_state(
 ) -> TrainState:
   """Initial state; call under `jax.jit(..., out_shardings=...)` or `jax.eval_shape`.
 
-  `stats`: training statistics kept beside the models' BatchNorm ones (steps.initial_stats).
+  `stats`: training statistics kept beside the models' BatchNorm ones (hint_variants.initial_stats).
   """
   init_rng, train_rng = jax.random.split(rng)
   variables = models.init(init_rng, jnp.zeros((1, *image_shape), jnp.float32))

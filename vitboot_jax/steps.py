@@ -27,7 +27,7 @@ import ml_collections
 import optax
 
 from vitboot_jax import align as align_lib
-from vitboot_jax import drloc, losses
+from vitboot_jax import configlib, drloc, hint_variants, losses
 from vitboot_jax.data import device_preprocess
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import ModelSet
@@ -115,15 +115,13 @@ def model_gradients(
   batch: Batch,
   rng: jax.Array,
   feature_weight: jax.Array,
+  variants: hint_variants.Variants | None = None,
   log_hint: jax.Array | bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any], Metrics]:
   """({name: gradient of that model's loss w.r.t. all params}, new batch_stats, loss terms).
 
-  Where the ViT has a feature term, the norms of its CE and feature shares of the ViT's gradient
-  are measured when `log_hint` is true (one batched pullback of both shares; a traced `log_hint`
-  puts it under a conditional, zeros when false; a Python False leaves it and its metrics out),
-  or every step with config.loss.feature_balance > 0, which scales the feature share down to at
-  most feature_balance x the CE share's norm.
+  `variants` (hint_variants; None: the official recipe) take the ViT's gradient where it has a
+  feature term: a cap on the hint's share, or its share measured when `log_hint`.
   """
   images, labels = batch["image"], batch["label"]
   outputs, pullbacks, new_stats = {}, {}, dict(variables["batch_stats"])
@@ -166,12 +164,12 @@ def model_gradients(
     (loss, model_terms), (cotangent, loss_params_grad) = jax.value_and_grad(
       loss_of_own_output, argnums=(0, 1), has_aux=True
     )(outputs[name], loss_params)
-    if "feature" in model_terms:  # The ViT's hint: measure (and with a cap, scale) its share.
+    if variants is not None and "feature" in model_terms:
       shares = functools.partial(
         _shares, loss_of_own_output, outputs[name], loss_params, pullbacks[name]
       )
-      grads[name], loss_params_grad, hint_metrics = _hinted_gradient(
-        config, shares, pullbacks[name], cotangent, loss_params_grad, log_hint
+      grads[name], loss_params_grad, hint_metrics = variants.vit_gradient(
+        shares, pullbacks[name], cotangent, loss_params_grad, log_hint
       )
       terms.update(hint_metrics)
     else:
@@ -181,46 +179,6 @@ def model_gradients(
     terms.update(model_terms)
     terms[f"loss_{name}"] = loss
   return grads, new_stats, terms
-
-
-def _hinted_gradient(
-  config: ml_collections.ConfigDict,
-  shares: Callable[[list[tuple[str, ...]]], list[tuple[Any, Any]]],
-  pullback: Callable[[Any], tuple[Any]],
-  cotangent: Any,
-  loss_params_grad: Any,
-  log_hint: jax.Array | bool,
-) -> tuple[Any, Any, Metrics]:
-  """The ViT's gradient (params, loss params) and the norms of its CE and hint shares.
-
-  Official: one pullback of the whole loss, the shares measured on logging steps only. With
-  config.loss.feature_balance > 0, the hint's share is scaled to at most that multiple of the CE
-  share's norm, every step.
-  """
-  balance = config.loss.get("feature_balance", 0.0)
-  if balance > 0:
-    (g_ce, p_ce), (g_feature, p_feature), (g_rest, p_rest) = shares(
-      [("ce",), ("feature",), ("kd", "distill", "drloc")]
-    )
-    norm_ce, norm_feature = optax.global_norm(g_ce), optax.global_norm(g_feature)
-    scale = jnp.minimum(1.0, balance * norm_ce / jnp.maximum(norm_feature, 1e-12))
-    combine = lambda c, f, r: c + scale * f + r
-    metrics = {**_hint_norms(norm_ce, norm_feature), "feature_balance_scale": scale}
-    return (
-      jax.tree.map(combine, g_ce, g_feature, g_rest),
-      jax.tree.map(combine, p_ce, p_feature, p_rest),
-      metrics,
-    )
-  (grad,) = pullback(cotangent)
-
-  def measure():
-    (g_ce, _), (g_feature, _) = shares([("ce",), ("feature",)])
-    return _hint_norms(optax.global_norm(g_ce), optax.global_norm(g_feature))
-
-  zeros = lambda: _hint_norms(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-  if isinstance(log_hint, bool):  # Known when traced: no conditional needed.
-    return grad, loss_params_grad, measure() if log_hint else {}
-  return grad, loss_params_grad, jax.lax.cond(log_hint, measure, zeros)
 
 
 def _shares(
@@ -241,48 +199,6 @@ def _shares(
   return [(jax.tree.map(lambda x, i=i: x[i], batched), p) for i, (_, p) in enumerate(cotangents)]
 
 
-def _hint_norms(norm_ce: jax.Array, norm_feature: jax.Array) -> Metrics:
-  """The ViT's gradient norms of its weighted CE and feature terms, and their ratio."""
-  return {
-    "grad_norm_ce_share_vit": norm_ce,
-    "grad_norm_feature_share_vit": norm_feature,
-    "hint_grad_ratio": norm_feature / jnp.maximum(norm_ce, 1e-12),
-  }
-
-
-# The gate of the hint on the agent's running train top-1 (config.loss.feature_gate), kept in
-# batch_stats (running statistics, checkpointed with the state) only when the gate is set.
-GATE = "feature_gate"
-GATE_DECAY = 0.98  # The running top-1's time constant: ~50 steps.
-
-
-def initial_stats(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Training statistics beside the models' BatchNorm ones: the hint gate's, when set."""
-  if not config.loss.get("feature_gate", 0.0):
-    return {}
-  zero = jnp.zeros((), jnp.float32)
-  return {GATE: {"top1_ema": zero, "steps": zero, "open": zero}}
-
-
-def update_gate(gate: dict[str, jax.Array], top1: jax.Array, threshold: float) -> dict[str, Any]:
-  """The gate after a step with the agent's batch top-1 `top1`: a bias-corrected running mean;
-  once it reaches `threshold` the gate stays open."""
-  ema = GATE_DECAY * gate["top1_ema"] + (1 - GATE_DECAY) * top1
-  steps = gate["steps"] + 1
-  running = ema / (1 - GATE_DECAY**steps)
-  return {
-    "top1_ema": ema,
-    "steps": steps,
-    "open": jnp.maximum(gate["open"], (running >= threshold).astype(jnp.float32)),
-  }
-
-
-def total_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
-  """The optimiser steps of the run: num_epochs, capped by config.total_steps when positive."""
-  total = steps_per_epoch * config.num_epochs
-  return min(total, config.total_steps) if config.total_steps > 0 else total
-
-
 def make_train_step(
   config: ml_collections.ConfigDict,
   models: ModelSet,
@@ -294,14 +210,14 @@ def make_train_step(
   names = models.names
   prepare = device_preprocess.make_prepare(config)
 
-  total = total_steps(config, steps_per_epoch)
-  gate_threshold = config.loss.get("feature_gate", 0.0)
+  # The mechanism study's hint variants, one seam (None: the official recipe).
+  variants = hint_variants.for_config(config, configlib.total_steps(config, steps_per_epoch))
 
   def direction(params, batch_stats, batch, rng, weight, log_hint=False):
     """The update direction of the mode at `params`, the new BatchNorm stats and metrics."""
     variables = {"params": params, "batch_stats": batch_stats}
     grads, new_stats, terms = model_gradients(
-      config, models, variables, batch, rng, weight, log_hint
+      config, models, variables, batch, rng, weight, variants, log_hint
     )
     metrics = {f"train/{k}": v for k, v in terms.items()}
     if len(names) == 1:
@@ -330,29 +246,15 @@ def make_train_step(
     weight = losses.feature_weight(
       state.step, steps_per_epoch, config.num_epochs, per=config.loss.feature_decay
     )
-    until = config.loss.get("feature_until", 1.0)
-    if until < 1.0:
-      weight = weight * losses.hint_on(state.step, total, until)
-    gate = state.batch_stats.get(GATE)
-    if gate_threshold and gate is None:
-      raise ValueError(
-        "config.loss.feature_gate is set but the state has no gate statistics: create it with "
-        "state.create_state(..., stats=steps.initial_stats(config))"
-      )
-    if gate is not None:
-      weight = weight * gate["open"]
-    log_hint = False  # Off: the shares' measurement is not compiled into the step at all.
-    if config.log_hint_shares:
-      logged = state.step + 1  # The step number the loop logs these metrics under.
-      log_hint = (logged % config.log_every_steps == 0) | (logged == total)
+    log_hint = False
+    if variants is not None:
+      weight = variants.hint_weight(weight, state.step, state.batch_stats)
+      log_hint = variants.log_hint(state.step)
     grad, new_stats, metrics = direction(
       state.params, state.batch_stats, batch, rng, weight, log_hint
     )
-    if gate is not None:
-      new_stats[GATE] = update_gate(gate, metrics["train/top1_agent"], gate_threshold)
-      metrics["train/feature_gate_top1"] = new_stats[GATE]["top1_ema"] / (
-        1 - GATE_DECAY ** new_stats[GATE]["steps"]
-      )
+    if variants is not None:
+      new_stats, metrics = variants.after_step(state.batch_stats, new_stats, metrics)
     if config.sam.rho > 0:
       # SAM: ascend to w + rho g/||g|| (global norm of the global-batch direction), take the
       # mode's direction there, and apply it at w. BatchNorm statistics come from the first

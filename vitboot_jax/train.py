@@ -40,11 +40,6 @@ from vitboot_jax.data import feeds, record
 from vitboot_jax.state import TrainState
 
 
-def _total_steps(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
-  total = steps_per_epoch * config.num_epochs
-  return min(total, config.total_steps) if config.total_steps > 0 else total
-
-
 def eval_interval(config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
   """Steps between evaluations (the last step is always evaluated as well)."""
   if config.eval_every_steps > 0:
@@ -250,7 +245,7 @@ def train_and_evaluate(
   workdirs.check_data(workdir, data_record)  # No resume on other data.
   feed.check_eval_split()  # Bad test images fail now.
   steps_per_epoch = info.steps_per_epoch
-  total_steps = _total_steps(config, steps_per_epoch)
+  total_steps = configlib.total_steps(config, steps_per_epoch)
   trainer = trainer_lib.build(config, mesh, steps_per_epoch)
 
   ckpt = checkpoint.Checkpointer(

@@ -16,7 +16,7 @@ import jax
 import ml_collections
 import optax
 
-from vitboot_jax import evaluate, init_from, kernel_sets, optim, sharding, steps
+from vitboot_jax import evaluate, hint_variants, init_from, kernel_sets, optim, sharding, steps
 from vitboot_jax.data import device_data, device_preprocess
 from vitboot_jax.models.build import ModelSet, build_models
 from vitboot_jax.models.kernels import Kernels
@@ -83,7 +83,7 @@ def build(
   # Sharded init: shapes first, then one jitted init that writes straight into the shardings.
   image_shape = (config.image_size, config.image_size, 3)
   init = functools.partial(
-    create_state, models, tx, image_shape=image_shape, stats=steps.initial_stats(config)
+    create_state, models, tx, image_shape=image_shape, stats=hint_variants.initial_stats(config)
   )
   abstract_state = jax.eval_shape(init, jax.random.key(config.seed))
   replicated = sharding.replicated(mesh)

@@ -26,7 +26,7 @@ from absl import app, flags
 from jax import export
 from ml_collections import config_flags
 
-from vitboot_jax import evaluate, kernel_sets, optim
+from vitboot_jax import evaluate, hint_variants, kernel_sets, optim
 from vitboot_jax import steps as step_lib
 from vitboot_jax.data import device_preprocess
 from vitboot_jax.models import costs
@@ -67,7 +67,7 @@ def step_specs(config: ml_collections.ConfigDict, platform: str):
   tx, schedule = optim.mode_optimizer(config, models.names, _STEPS_PER_EPOCH)
   image_shape = (config.image_size, config.image_size, 3)
   init = functools.partial(
-    create_state, models, tx, image_shape=image_shape, stats=step_lib.initial_stats(config)
+    create_state, models, tx, image_shape=image_shape, stats=hint_variants.initial_stats(config)
   )
   state = jax.eval_shape(init, jax.random.key(0))
   batch = config.batch_size
