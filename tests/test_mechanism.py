@@ -274,11 +274,22 @@ def test_gate_keeps_the_hint_off_until_it_opens():
 @pytest.mark.slow
 def test_frozen_agent_is_never_updated():
   config, models, _, start, _ = setup("joint")
-  frozen, _ = _run("joint", n=2, agent_frozen=True, log_every_steps=1000)
+  frozen, history = _run("joint", n=2, agent_frozen=True, log_every_steps=1000)
   jax.tree.map(np.testing.assert_array_equal, frozen.params["agent"], start.params["agent"])
+  assert all(m["train/grad_norm_agent"] == 0 for m in history)
   assert not np.array_equal(
     frozen.params["vit"]["head"]["kernel"], start.params["vit"]["head"]["kernel"]
   )
+
+
+def test_a_frozen_agent_costs_no_backward():
+  # Its chain never updates it, so the step leaves out its pullback: fewer convolutions.
+  batch, convolutions = batch_of(), {}
+  for frozen in (False, True):
+    _, _, _, state, step = setup("joint", agent_frozen=frozen)
+    text = jax.jit(step).lower(state, batch).as_text()
+    convolutions[frozen] = text.count("stablehlo.convolution")
+  assert convolutions[True] < convolutions[False]
 
 
 @pytest.mark.slow

@@ -172,6 +172,9 @@ def model_gradients(
         shares, pullbacks[name], cotangent, loss_params_grad, log_hint
       )
       terms.update(hint_metrics)
+    elif name == "agent" and config.get("agent_frozen", False):
+      # A frozen teacher is never updated (its chain is set_to_zero): no backward through it.
+      grads[name] = jax.tree.map(jnp.zeros_like, variables["params"])
     else:
       (grads[name],) = pullbacks[name](cotangent)
     # The forward never reads the loss params, so their pulled-back gradient is zero.
