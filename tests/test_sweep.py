@@ -216,3 +216,38 @@ def test_a_run_stopped_by_a_signal_stops_the_sweep(tmp_path, monkeypatch):
   with pytest.raises(sweep.Stopped, match="SIGTERM") as stop:
     sweep.run_missing(table, s, table.rows[:2])
   assert stop.value.exit_code == 143 and started == [("vit", 0)]
+
+
+def test_the_helps_report_sets_every_vit_against_the_vit_alone(tmp_path):
+  table = sweep.TABLES["helps"]
+  s = sweep.settings(table, root=str(tmp_path), seeds=[0, 1])
+  finals = {  # run -> per seed (ViT top-1, agent top-1, training seconds)
+    "vit": [(0.50, None, 100.0), (0.52, None, 100.0)],
+    "agent": [(None, 0.55, 200.0), (None, 0.56, 200.0)],
+    "kd_teacher": [(0.56, 0.55, 50.0), (0.57, 0.56, 50.0)],  # +5.5 points in both seeds.
+    "joint": [(0.40, 0.54, 300.0), (0.53, 0.55, 300.0)],  # Below on average, above in seed 1.
+  }
+  for run, seeds in finals.items():
+    for seed, (vit, agent, seconds) in enumerate(seeds):
+      wd = tmp_path / f"{run}_seed{seed}"
+      wd.mkdir()
+      final = {"epochs": 20, "train_seconds_this_run": seconds}
+      final.update({"top1_vit": vit} if vit is not None else {})
+      final.update({"top1_agent": agent} if agent is not None else {})
+      (wd / "final.json").write_text(json.dumps(final))
+      evals = [{"step": 390, "epoch": 5.0, "eval/top1_vit": (vit or 0) - 0.1}]
+      (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+  report = sweep.build_report(table, s)
+  by_name = {r["name"]: r for r in report["rows"]}
+  kd = by_name["kd_teacher"]["vs_reference"]
+  assert kd["diff"] == pytest.approx(5.5) and kd["helps"]
+  assert kd["per_seed"] == {0: pytest.approx(6.0), 1: pytest.approx(5.0)}
+  assert kd["pooled_std"] == pytest.approx(((0.5 + 2.0) / 2) ** 0.5)  # Sample variances 0.5, 2.
+  joint = by_name["joint"]["vs_reference"]
+  assert not joint["helps"] and joint["per_seed"][1] > 0
+  assert "vs_reference" not in by_name["vit"] and "vs_reference" not in by_name["agent"]
+  # A teacher row costs its teacher's training too.
+  assert by_name["kd_teacher"]["train_seconds_with_teacher"] == 100.0 + 400.0
+  assert by_name["kd_teacher"]["evaluations"][0] == [{"epoch": 5.0, "vit": pytest.approx(46.0)}]
+  text = sweep.table_markdown(report)
+  assert "| kd_teacher | 46.50 | +5.50 ± " in text and "| yes | 8m20s (incl. agent) |" in text

@@ -19,7 +19,7 @@ from etils import epath
 
 from vitboot_jax import paper_results, progress
 from vitboot_jax.tools.sweep_runs import REPO, Settings, absolute, command, row_config, workdir
-from vitboot_jax.tools.sweep_tables import MODEL_LABELS, Table, paper_top1, runs
+from vitboot_jax.tools.sweep_tables import MODEL_LABELS, Table, paper_top1, runs, teacher_run
 
 TABLE_MD = "table.md"
 TABLE_JSON = "table.json"
@@ -64,6 +64,50 @@ def epoch_means(workdir: epath.Path, key: str) -> list[float]:
     if key in record and "epoch" in record:
       sums.setdefault(math.ceil(record["epoch"] - 1e-9), []).append(float(record[key]))
   return [statistics.fmean(sums[e]) for e in sorted(sums)]
+
+
+def evaluations(workdir: epath.Path) -> list[dict[str, float]]:
+  """Every evaluation of a run: its epoch and each model's top-1 (%), in order."""
+  path = workdir / "metrics.jsonl"
+  if not path.exists():
+    return []
+  out = []
+  for line in path.read_text().splitlines():
+    record = json.loads(line)
+    top1 = {
+      k.removeprefix("eval/top1_"): v for k, v in record.items() if k.startswith("eval/top1_")
+    }
+    if top1:
+      out.append({"epoch": record.get("epoch"), **{m: 100.0 * v for m, v in top1.items()}})
+  return out
+
+
+def against_reference(entries: list[dict[str, Any]], reference: str) -> None:
+  """Adds to every entry with a ViT its ViT's final top-1 against the reference row's: the
+  difference of the means, the pooled sample std, the per-seed differences and whether it helps
+  (beats the reference by more than twice the pooled std, and in every common seed)."""
+  ref = next((e for e in entries if e["name"] == reference), None)
+  ref_top1 = ref and ref["top1"].get("vit")
+  for e in entries:
+    mine = e["top1"].get("vit")
+    if not (mine and ref_top1) or e is ref:
+      continue
+    seeds = sorted(set(e["seeds_done"]) & set(ref["seeds_done"]))
+    by_seed = lambda stats, done: dict(zip(done, stats["values"]))
+    per_seed = [
+      by_seed(mine, e["seeds_done"])[k] - by_seed(ref_top1, ref["seeds_done"])[k] for k in seeds
+    ]
+    pooled = None
+    if mine["std"] is not None and ref_top1["std"] is not None:
+      pooled = math.sqrt((mine["std"] ** 2 + ref_top1["std"] ** 2) / 2)
+    diff = mine["mean"] - ref_top1["mean"]
+    e["vs_reference"] = {
+      "reference": reference,
+      "diff": diff,
+      "pooled_std": pooled,
+      "per_seed": dict(zip(seeds, per_seed)),
+      "helps": pooled is not None and diff > 2 * pooled and all(d > 0 for d in per_seed),
+    }
 
 
 def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
@@ -113,8 +157,18 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
         for seed in sorted(finals)
         if (ratio := epoch_means(absolute(workdir(s, row, seed)), RATIO))
       },
+      "evaluations": {
+        seed: evaluations(absolute(workdir(s, row, seed))) for seed in sorted(finals)
+      },
+      "teacher": teacher_run(row),
     }
     out.append(entry)
+  # A row that starts from a finished run's agent costs that run's training too.
+  seconds = {e["run"]: e["train_seconds"] for e in out}
+  for e in out:
+    e["train_seconds_with_teacher"] = e["train_seconds"] + seconds.get(e["teacher"], 0.0)
+  if table.reference:
+    against_reference(out, table.reference)
   return out
 
 
@@ -219,9 +273,58 @@ def table_markdown(report: dict[str, Any]) -> str:
       for seed, values in r["hint_grad_ratio"].items():
         cells = [f"{v:.3g}" for v in values] + [""] * (width - len(values))
         lines.append(f"| {r['name']} | {seed} | " + " | ".join(cells) + " |")
+  compared = [r for r in report["rows"] if r.get("vs_reference")]
+  if compared:
+    lines += ["", *reference_markdown(report, compared)]
   if report.get("curves"):
     lines += ["", f"![curves of seed {report['seeds'][0]}]({CURVES})"]
   return "\n".join(lines) + "\n"
+
+
+def reference_markdown(report: dict[str, Any], compared: list[dict[str, Any]]) -> list[str]:
+  """Each row's ViT against the reference row's: top-1 at every evaluation (mean over the finished
+  seeds), the final difference with the pooled std and per seed, and the compute it costs."""
+  reference = compared[0]["vs_reference"]["reference"]
+  rows = [r for r in report["rows"] if r["name"] == reference] + compared
+  epochs = sorted(
+    {ev["epoch"] for r in rows for evs in r["evaluations"].values() for ev in evs},
+    key=float,
+  )
+  lines = [
+    f"The ViT of each row against the ViT of `{reference}`: top-1 (%) at each evaluation (mean "
+    "over the finished seeds), the final difference of the means ± the pooled sample std, per "
+    "seed, and whether the row helps (more than twice the pooled std, in every seed). Compute: "
+    "the row's training time summed over seeds, with its teacher's run where it reads one.",
+    "",
+    "| row | "
+    + " | ".join(f"epoch {float(e):g}" for e in epochs)
+    + " | difference | per seed | helps | compute |",
+    "|---|" + "---|" * (len(epochs) + 4),
+  ]
+  for r in rows:
+    cells = []
+    for epoch in epochs:
+      values = [
+        ev["vit"]
+        for evs in r["evaluations"].values()
+        for ev in evs
+        if ev["epoch"] == epoch and "vit" in ev
+      ]
+      cells.append(f"{statistics.fmean(values):.2f}" if values else "")
+    vs = r.get("vs_reference")
+    if vs is None:
+      diff = per_seed = helps = "reference"
+    else:
+      pooled = "" if vs["pooled_std"] is None else f" ± {vs['pooled_std']:.2f}"
+      diff = f"{vs['diff']:+.2f}{pooled}"
+      per_seed = ", ".join(f"{k}: {d:+.2f}" for k, d in vs["per_seed"].items())
+      helps = "yes" if vs["helps"] else "no"
+    teacher = f" (incl. {r['teacher']})" if r["teacher"] else ""
+    compute = progress.duration(r["train_seconds_with_teacher"]) + teacher
+    lines.append(
+      f"| {r['name']} | " + " | ".join(cells) + f" | {diff} | {per_seed} | {helps} | {compute} |"
+    )
+  return lines
 
 
 def plot_curves(table: Table, s: Settings, seed: int) -> epath.Path | None:

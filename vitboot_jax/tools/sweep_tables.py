@@ -56,6 +56,8 @@ class Table:
   data_folder: bool = False  # Pass the image folder --data_dir to every run.
   overrides: tuple[str, ...] = ()  # Flags of every run of this table.
   root: str = ""  # Default --root.
+  # A row every other row's ViT is set against (difference, pooled std, per seed; sweep_report).
+  reference: str | None = None
 
 
 def _cifar_rows(dataset: str) -> tuple[Row, ...]:
@@ -399,6 +401,7 @@ _TABLES += (
     epochs=20,
     data_folder=True,
     overrides=("--config.eval_every_epochs=5",),  # Four points a curve, as the 20-epoch rung.
+    reference="vit",
   ),
 )
 _TABLES += (
@@ -410,10 +413,20 @@ _TABLES += (
     note_header="description",
     # The data (an .npz of the 10% subset) and the epochs come from launch/rung3_224.sh.
     overrides=("--config.data.pipeline=device",),
+    reference="vit",
   ),
 )
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
 PAPER_TABLES = tuple(t.name for t in _TABLES if t.paper)
+
+
+def teacher_run(row: Row) -> str | None:
+  """The run name of the finished run whose agent this row starts from (AGENT_RUN), if any."""
+  prefix = f"--config.agent_init_from={AGENT_RUN.split('/')[0]}/"
+  for flag in row.overrides:
+    if flag.startswith(prefix):
+      return flag.removeprefix(prefix).removesuffix("_seed{seed}")
+  return None
 
 
 def rows(table: str) -> tuple[Row, ...]:
