@@ -57,6 +57,7 @@ SWITCHES = dict(
   gate=0.0,
   teacher="",
   frozen=False,
+  teacher_eval=False,
   # DeiT's hard distillation from the agent (the "Can the agent help?" study).
   distill="none",
 )
@@ -105,7 +106,9 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   (the hint's gradient on the ViT at most C times the CE's), until=F (the hint during the first
   fraction F of the steps only), gate=A (the hint off until the agent's running train top-1 reaches
   A), teacher=PATH (joint: the agent starts from a run of ours) and frozen=1 (joint: the agent's
-  weights never change; its BatchNorm runs in training mode and its running statistics move).
+  weights never change; its BatchNorm runs in training mode and its running statistics move,
+  unless teacher_eval=1: it then predicts in evaluation mode, without dropout, from its running
+  statistics).
   distill=hard (joint; DeiT, Touvron et al. 2021): a distillation token after cls whose own head
   learns the agent's argmax, the ViT's loss 1/2 CE + 1/2 CE(distillation head, agent argmax) as
   DeiT's, evaluation the mean of the two heads' logits.
@@ -130,6 +133,7 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   c.loss.feature_gate = arg.gate
   c.agent_init_from = arg.teacher
   c.agent_frozen = arg.frozen
+  c.agent_frozen_eval = arg.teacher_eval
   if arg.distill not in ("none", "hard"):
     raise ValueError(f"distill={arg.distill!r} is unknown; choose 'none' or 'hard'")
   if arg.distill == "hard":

@@ -1,5 +1,6 @@
-"""DeiT's hard distillation from the agent (distill=hard, the "Can the agent help?" study): off it
-is the official recipe exactly; on, a distillation token whose head learns the agent's argmax."""
+"""The "Can the agent help?" study's switches: DeiT's hard distillation from the agent
+(distill=hard; off it is the official recipe exactly, on a distillation token whose head learns
+the agent's argmax) and a frozen teacher predicting in evaluation mode (teacher_eval=1)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +9,8 @@ import pytest
 
 from tests.config_files import load_config
 from tests.test_steps import batch_of
-from vitboot_jax import configlib, evaluate, kernel_sets, optim, steps
+from vitboot_jax import configlib, evaluate, kernel_sets, losses, optim, steps
+from vitboot_jax.data import device_preprocess
 from vitboot_jax.errors import ConfigError
 from vitboot_jax.models import pretrained
 from vitboot_jax.models.build import build_models, build_vit
@@ -158,3 +160,41 @@ def test_the_helps_table_runs_deit_from_the_finished_agent():
   configlib.validate(config)
   assert config.model.distill_token and config.agent_frozen
   assert config.loss.kd_vit == 0 and config.loss.feature_vit == 0
+
+
+def test_a_frozen_teacher_in_evaluation_mode_predicts_as_at_inference():
+  with pytest.raises(ConfigError, match="set config.agent_frozen"):
+    configlib.validate(load_config("quickstart", "mode=joint,teacher_eval=1"))
+  official = _flat(load_config("quickstart", "mode=joint,frozen=1").to_dict())
+  variant = _flat(load_config("quickstart", "mode=joint,frozen=1,teacher_eval=1").to_dict())
+  assert {k for k in official if official[k] != variant[k]} == {"agent_frozen_eval"}
+  batch = batch_of(n=16)
+  stats = {}
+  for arg in ("mode=joint,frozen=1", "mode=joint,frozen=1,teacher_eval=1"):
+    config, models, state, step = _setup(arg)
+    new, metrics = jax.jit(step)(state, batch)
+    stats[arg] = new.batch_stats["agent"], state.batch_stats["agent"]
+    if "teacher_eval" in arg:  # Its KD target: the agent's inference logits.
+      agent = models.apply(
+        {"params": state.params, "batch_stats": state.batch_stats},
+        _prepared(config, batch["image"]),
+        train=False,
+        names=("agent",),
+      )[0]["agent"][0]
+      vit = models.apply(
+        {"params": state.params, "batch_stats": state.batch_stats},
+        _prepared(config, batch["image"]),
+        train=True,
+        rng=jax.random.fold_in(jax.random.wrap_key_data(state.rng), 0),
+        names=("vit",),
+      )[0]["vit"][0]
+      want = losses.kd(vit, agent, config.loss.temperature)
+      np.testing.assert_allclose(metrics["train/kd_vit"], want, rtol=1e-5)
+  moved, start = stats["mode=joint,frozen=1"]
+  assert any(jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(a != b)), moved, start)))
+  kept, start = stats["mode=joint,frozen=1,teacher_eval=1"]
+  jax.tree.map(np.testing.assert_array_equal, kept, start)
+
+
+def _prepared(config, images):
+  return device_preprocess.make_prepare(config)(images)

@@ -75,6 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
   # (never updated: a fixed teacher).
   c.agent_init_from = ""
   c.agent_frozen = False
+  c.agent_frozen_eval = False  # A frozen agent predicts in evaluation mode (its inference).
   # Kernel set (kernel_sets.py): "auto" takes "cpu" when the mesh's devices are CPUs, else
   # "xla"; "xla" / "cpu" force one (a kernel A/B is this flip).
   c.kernels = "auto"
@@ -359,6 +360,11 @@ def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(
       f"a feature-term variant is set but mode {c.mode!r} with config.loss.feature_vit="
       f"{loss.feature_vit} has no feature term; use mode joint or shared with a feature weight"
+    )
+  if c.get("agent_frozen_eval", False) and not c.agent_frozen:
+    raise ConfigError(
+      "config.agent_frozen_eval (teacher_eval=1) runs a frozen agent in evaluation mode; set "
+      "config.agent_frozen (frozen=1) too"
     )
   if (c.agent_init_from or c.agent_frozen) and c.mode != "joint":
     raise ConfigError(

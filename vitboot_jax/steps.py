@@ -125,7 +125,12 @@ def model_gradients(
   """
   images, labels = batch["image"], batch["label"]
   outputs, pullbacks, new_stats = {}, {}, dict(variables["batch_stats"])
+  frozen = config.get("agent_frozen", False)
   for name in models.names:
+    if name == "agent" and frozen and config.get("agent_frozen_eval", False):
+      # A finished teacher predicts as at inference: no dropout, its BatchNorm's running stats.
+      outputs[name] = models.apply(variables, images, train=False, names=(name,))[0][name]
+      continue
 
     def forward(params, name=name):
       out, stats = models.apply(
@@ -172,7 +177,7 @@ def model_gradients(
         shares, pullbacks[name], cotangent, loss_params_grad, log_hint
       )
       terms.update(hint_metrics)
-    elif name == "agent" and config.get("agent_frozen", False):
+    elif name == "agent" and frozen:
       # A frozen teacher is never updated (its chain is set_to_zero): no backward through it.
       grads[name] = jax.tree.map(jnp.zeros_like, variables["params"])
     else:

@@ -313,6 +313,14 @@ def _helps_rows(config: str) -> tuple[Row, ...]:
       "3 KD + the correlation hint, from the finished agent, frozen",
       overrides=teacher,
     ),
+    # Ours, after the first results (soft KD from the finished agent led at epochs 5 and 10): the
+    # same teacher as it predicts at inference, without dropout noise or moving statistics.
+    row(
+      "kd_teacher_eval",
+      "mode=joint,feature=0,frozen=1,teacher_eval=1",
+      "5 (ours) soft KD only, from the finished agent, frozen, predicting in evaluation mode",
+      overrides=teacher,
+    ),
     row(
       "shared_nohint",
       "mode=shared,align=pcgrad,feature=0",
