@@ -30,6 +30,8 @@ _KEY = "vitboot_jax/ending"
 _POLL_MS = 1000
 # How long a process whose failure came second waits to read the first one.
 _READ_MS = 60_000
+# How long a process waits for the others to leave the service with it (a wedged one never does).
+_LEAVE_S = 60.0
 
 # Held by the one thread that ends this process; any other that wants to end it waits.
 _ENDING = threading.Lock()
@@ -106,12 +108,17 @@ def _leave(message: str, code: int) -> NoReturn:
   main thread may be blocked in a collective that will never finish."""
   import jax
 
+  def shutdown():
+    try:
+      jax.distributed.shutdown()  # Together with the others, so none sees the service vanish.
+    except Exception as error:
+      logging.info("Leaving the distributed service failed: %s", error)
+
   _say(message, code)
   workdir_claim.release_held()
-  try:
-    jax.distributed.shutdown()  # Together with the others, so none sees the service vanish.
-  except Exception as error:
-    logging.info("Leaving the distributed service failed: %s", error)
+  leaving = threading.Thread(target=shutdown, name="ending-shutdown", daemon=True)
+  leaving.start()
+  leaving.join(_LEAVE_S)
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(code)
