@@ -444,6 +444,36 @@ def test_read_only_and_unclaimed_checkpointers_move_nothing(tmp_path, mesh):
   assert sorted(os.listdir(root)) == ["10", "20.orbax-checkpoint-tmp"]
 
 
+def test_every_process_raises_the_failure_of_the_first_process_that_had_one(monkeypatch):
+  """`_agreed` as process 1 of 3, the key-value exchange faked: the first failure in process
+  order comes back on every process with its type, message, step and cause."""
+  from vitboot_jax import sharding
+
+  monkeypatch.setattr(jax, "process_count", lambda: 3)
+
+  def published(error):  # What a process with `error` puts into the exchange.
+    seen = []
+    monkeypatch.setattr(sharding, "exchange", lambda name, value: seen.append(value) or [value])
+    ckpt_lib._agreed("x", error)
+    return seen[0]
+
+  def agreed_as_process_1(mine, first="", third=""):
+    monkeypatch.setattr(sharding, "exchange", lambda name, value: [first, value, third])
+    return ckpt_lib._agreed("x", mine)
+
+  damaged = ckpt_lib.CorruptCheckpointError("step 8 is damaged", step=8, cause="DATA_LOSS: x")
+  got = agreed_as_process_1(None, third=published(damaged))
+  assert type(got) is ckpt_lib.CorruptCheckpointError
+  assert (str(got), got.step, got.cause) == ("step 8 is damaged", 8, "DATA_LOSS: x")
+  full = ckpt_lib.CheckpointSaveError("disk full")
+  assert agreed_as_process_1(full) is full
+  skip = agreed_as_process_1(full, first=published(ckpt_lib._AlreadySaved("4")))
+  assert type(skip) is ckpt_lib._AlreadySaved  # Process 0's verdict wins: every process skips.
+  busy = agreed_as_process_1(None, first=published(workdir_claim.WorkdirBusyError("taken")))
+  assert isinstance(busy, errors.UsageError) and str(busy) == "taken"
+  assert agreed_as_process_1(None) is None
+
+
 def test_any_save_failure_is_one_checkpoint_save_error(tmp_path, mesh, monkeypatch):
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:
     assert ckpt.save(5, make_state(mesh), force=True)

@@ -423,27 +423,11 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_befo
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_all_at_the_same_step(uninterrupted, image_folder, tmp_path):
   """Multi-process: JAX's preemption sync picks one step; every process saves it and exits."""
-  import socket
-
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
   workdir = tmp_path / "pod"
+  port = _free_port()
 
   def start(*overrides):
-    procs = []
-    for pid in range(2):
-      cmd = command(workdir, image_folder, *overrides) + [
-        f"--coordinator_address=127.0.0.1:{port}",
-        "--num_processes=2",
-        f"--process_id={pid}",
-      ]
-      procs.append(
-        subprocess.Popen(
-          cmd, env=env(2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-      )
-    return procs
+    return _start_two(workdir, image_folder, port, *overrides)
 
   procs = start()
   deadline = time.time() + 300
@@ -474,6 +458,112 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(uninterrupted, image_
   assert sorted(got) == list(range(1, 31))
   for step in got:
     assert got[step] == pytest.approx(want[step], rel=1e-3), step
+
+
+def _free_port():
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _start_two(workdir, folder, port, *overrides, fault=None):
+  """The two processes of one run; `fault` (tests/one_process_faults.py) hits process 1 alone."""
+  procs = []
+  for pid in range(2):
+    variables = env(2)
+    cmd = command(workdir, folder, *overrides) + [
+      f"--coordinator_address=127.0.0.1:{port}",
+      "--num_processes=2",
+      f"--process_id={pid}",
+    ]
+    if fault and pid == 1:
+      cmd[1:3] = ["-m", "tests.one_process_faults"]
+      variables["VITBOOT_TEST_FAULT"] = fault
+    procs.append(
+      subprocess.Popen(
+        cmd, env=variables, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+      )
+    )
+  return procs
+
+
+def _ended_together(procs, timeout=240):
+  """(exit code, the one line) that every process ended with; fails, not hangs, if one waits."""
+  try:
+    logs = [p.communicate(timeout=timeout)[1] for p in procs]
+  except subprocess.TimeoutExpired:
+    for p in procs:
+      p.kill()
+    logs = [p.communicate()[1] for p in procs]
+    pytest.fail(f"a process still waited after {timeout} s:\n{_both(logs)}")
+  ends = set()
+  for proc, log in zip(procs, logs):
+    assert "Traceback" not in log, _both(logs)
+    # The line: main's "error: ..." (exit 2) or our logged ERROR (absl's prefix dropped).
+    lines = [x for x in log.splitlines() if x.startswith("error: ")]
+    lines += [x.split("] ", 1)[1] for x in log.splitlines() if _OUR_ERROR.match(x)]
+    assert len(lines) == 1, _both(logs)
+    ends.add((proc.returncode, lines[0]))
+  assert len(ends) == 1, _both(logs)
+  return ends.pop(), logs
+
+
+_OUR_ERROR = re.compile(r"^E\d{4} [\d:.]+\s+\d+ (main|ending)\.py:\d+\] ")
+
+
+def _both(logs):
+  return "\n".join(f"process {i}: {log[-3000:]}" for i, log in enumerate(logs))
+
+
+@pytest.fixture(scope="module")
+def saved_run(image_folder, tmp_path_factory):
+  """A run of 8 steps with checkpoints 4 and 8, its final.json removed: a run to resume."""
+  workdir = tmp_path_factory.mktemp("saved") / "run"
+  run(workdir, image_folder, "--config.total_steps=8")
+  (workdir / "final.json").unlink()
+  return workdir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["unreadable", "restore"])
+def test_a_restore_failing_on_one_process_ends_every_process(
+  saved_run, image_folder, tmp_path, fault
+):
+  """A step one process finds damaged is set aside by all (none intact: one line, exit 2); a
+  restore failing on one process on intact files is one line and exit 1 on every process."""
+  import shutil
+
+  workdir = tmp_path / "run"
+  shutil.copytree(saved_run, workdir)
+  root = workdir / "checkpoints"
+  procs = _start_two(workdir, image_folder, _free_port(), "--config.total_steps=8", fault=fault)
+  (code, line), logs = _ended_together(procs)
+  assert not (workdir / "claim.json").exists()  # Released: a re-run takes nothing over.
+  if fault == "unreadable":
+    assert code == 2 and line.startswith(f"error: No checkpoint in {root} is intact"), line
+    for step in (8, 4):
+      assert f"step {step} (ValueError: DATA_LOSS: injected: a file of step {step}" in line
+    assert sorted(n.split("-")[0] for n in os.listdir(root / "damaged")) == ["4", "8"]
+    assert logs[0].count(" is damaged (ValueError: DATA_LOSS: injected") == 2  # Moved by 0.
+  else:
+    assert code == 1 and line.startswith(f"Checkpoint {root / '8'} is intact"), line
+    assert "cannot be restored as requested: ValueError: injected: the arrays of step 8" in line
+    assert sorted(os.listdir(root)) == ["4", "8"]  # Intact files are never moved.
+
+
+@pytest.mark.slow
+def test_a_save_failing_on_one_process_ends_every_process(image_folder, tmp_path):
+  workdir = tmp_path / "run"
+  procs = _start_two(workdir, image_folder, _free_port(), fault="save")
+  (code, line), _ = _ended_together(procs)
+  root = workdir / "checkpoints"
+  assert code == 1, line
+  assert line.startswith(f"Saving step 4 under {root} failed: No space left on device"), line
+  assert "resumes from the newest complete checkpoint (none yet)" in line
+  assert not checkpoint.complete_steps(root)
+  assert not (workdir / "claim.json").exists()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,6 +2,10 @@
 
 Layout: `<workdir>/checkpoints/<step>/`, one orbax step directory per saved step. All processes
 call every method (orbax coordinates multi-host writes itself; nothing here writes from one host).
+Whatever one process finds (a damaged or unreadable step, a failed read, a file in the way of a
+save, a step that cannot be moved aside) every process learns through jax.distributed's key-value
+store before anyone acts, so all fall back, skip or raise the same one line together; no process
+enters a collective (orbax's barriers among them) that another has left.
 
 Completeness. Orbax 0.12 writes a step into `<step>.orbax-checkpoint-tmp` and, once every array
 is on disk, writes `commit_success.txt` into it and renames it to `<step>` (atomic on POSIX). On
@@ -46,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import json
 import os
 import re
 import time
@@ -57,7 +62,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
-from jax.experimental import multihost_utils
 
 from vitboot_jax import checksums, errors, sharding, workdir_claim
 from vitboot_jax.checksums import CHECKSUM_FILE, verify  # noqa: F401 (the readers' names)
@@ -103,6 +107,10 @@ class CheckpointMismatchError(CheckpointError):
 
 class CheckpointSaveError(CheckpointError):
   """A save failed (full disk, permissions); the complete checkpoints before it are intact."""
+
+
+class _AlreadySaved(CheckpointError):
+  """The step is on disk already: every process skips its save."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,28 +269,43 @@ class Checkpointer:
       return False
     if self._read_only:
       raise CheckpointError(f"This Checkpointer of {self._directory} is read-only.")
-    claim = workdir_claim.held(self._workdir)
-    if claim is not None:
-      claim.check()  # A run whose workdir was taken over writes nothing more.
+    try:
+      claim = workdir_claim.held(self._workdir)
+      if claim is not None:
+        claim.check()  # A run whose workdir was taken over writes nothing more.
+      with self._naming_save_failures(step):
+        self._check_before_save(step)
+      refusal = None
+    except (CheckpointError, workdir_claim.WorkdirBusyError) as error:
+      refusal = error
+    # Orbax's save starts with a barrier of every process: all must enter it, or none.
+    refusal = _agreed(f"checkpoint.save.{step}", refusal)
+    if isinstance(refusal, _AlreadySaved):
+      return False
+    if refusal is not None:
+      raise refusal
     with self._naming_save_failures(step):
-      if step in self._manager.all_steps():
-        logging.info("Checkpoint for step %d already exists; not overwriting it.", step)
-        return False
-      # Orbax's save replaces an existing directory of the step (it saves with force): look on
-      # disk, where another writer (a second Checkpointer, a copy) may have put one since start-up.
-      if _has_marker(self.step_dir(step)):
-        logging.warning("Checkpoint %s already exists; not overwriting it.", self.step_dir(step))
-        return False
-      other = self._foreign_save(step)
-      if other is not None:
-        raise CheckpointSaveError(
-          f"Not saving step {step} under {self._directory}: {other} exists but is not this "
-          "run's (another writer is saving into this workdir, or left it half-written). Nothing "
-          "was touched. Run one job per workdir, then re-run the same command; the start-up "
-          "moves incomplete saves aside."
-        )
       # Due-ness is decided above; force=True keeps orbax from re-deciding with its own policy.
       return self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+
+  def _check_before_save(self, step: int) -> None:
+    """Raises what stops this process from saving `step` (_AlreadySaved: skip it)."""
+    if step in self._manager.all_steps():
+      logging.info("Checkpoint for step %d already exists; not overwriting it.", step)
+      raise _AlreadySaved(str(step))
+    # Orbax's save replaces an existing directory of the step (it saves with force): look on
+    # disk, where another writer (a second Checkpointer, a copy) may have put one since start-up.
+    if _has_marker(self.step_dir(step)):
+      logging.warning("Checkpoint %s already exists; not overwriting it.", self.step_dir(step))
+      raise _AlreadySaved(str(step))
+    other = self._foreign_save(step)
+    if other is not None:
+      raise CheckpointSaveError(
+        f"Not saving step {step} under {self._directory}: {other} exists but is not this "
+        "run's (another writer is saving into this workdir, or left it half-written). Nothing "
+        "was touched. Run one job per workdir, then re-run the same command; the start-up "
+        "moves incomplete saves aside."
+      )
 
   def _foreign_save(self, step: int) -> epath.Path | None:
     """A directory of `step` (final name or orbax's temporary one) that this run did not write."""
@@ -309,17 +332,35 @@ class Checkpointer:
       CheckpointError: The files are intact but cannot be restored as requested.
     """
     step = int(step)
-    problem = None
-    if jax.process_index() == 0:
+    damage = None
+    if jax.process_index() == 0:  # One reader of the record suffices: the files are shared.
       problem = verify(self.step_dir(step))
-    if _any_process(problem is not None) and problem is None:
-      problem = "process 0 found its files damaged"
-    if problem is not None:
-      raise self._corrupt(step, problem)
+      damage = None if problem is None else self._corrupt(step, problem)
+    damage = _agreed(f"checkpoint.verify.{step}", damage)
+    if damage is not None:
+      raise damage
+    restored, failure = None, None
     try:
-      return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+      restored = self._read(step, abstract_state)
     except Exception as error:  # Any failure: classify it and say what to do.
-      raise self._explain_failure(step, abstract_state, error) from error
+      failure = self._explain_failure(step, abstract_state, error)
+      failure.__cause__ = error
+    failure = _agreed(f"checkpoint.restore.{step}", failure)
+    if failure is not None:
+      raise failure
+    return restored
+
+  def _read(self, step: int, target: PyTree) -> PyTree:
+    """Reads step `step` into `target`'s dtypes and shardings, on this process alone.
+
+    Orbax's restore ends in a barrier of every process, where the others would wait for ever
+    for one whose read failed: `restore` agrees on the outcome after reading instead.
+    """
+    handler = ocp.StandardCheckpointHandler()
+    try:
+      return handler.restore(self.step_dir(step) / _ITEM, args=ocp.args.StandardRestore(target))
+    finally:
+      handler.close()
 
   def restore_latest(self, abstract_state: PyTree) -> tuple[PyTree, int] | None:
     """Restores the newest intact checkpoint as `(state, step)`, or returns None if none exists.
@@ -333,24 +374,18 @@ class Checkpointer:
     self.wait()
     damaged: list[str] = []
     while True:
-      step = self.latest_step()
-      if jax.process_count() > 1:
-        # All hosts must read the same step even if their views of the directory differ.
-        agreed = multihost_utils.broadcast_one_to_all(np.int64(-1 if step is None else step))
-        step = None if int(agreed) < 0 else int(agreed)
+      # All hosts must read the same step even if their views of the directory differ.
+      views = sharding.exchange("checkpoint.latest_step", json.dumps(self.latest_step()))
+      step = json.loads(views[0])
       if step is None:
         break
       logging.info("Restoring checkpoint %s.", self.step_dir(step))
       try:
-        restored, problem = self.restore(abstract_state, step), None
-      except CorruptCheckpointError as error:
+        return self.restore(abstract_state, step), step
+      except CorruptCheckpointError as error:  # Every process raised it: restore agrees.
         if self._read_only:
           raise
-        restored, problem = None, error.cause
-      if _any_process(problem is not None) and problem is None:
-        problem = "another process could not read its files"
-      if problem is None:
-        return restored, step
+        problem = error.cause
       damaged.append(f"step {step} ({problem})")
       self._set_aside_damaged(step, problem)
     if damaged:
@@ -366,19 +401,29 @@ class Checkpointer:
     """Moves a damaged step to `damaged/`, out of orbax's sight, and tells orbax it is gone."""
     source = self.step_dir(step)
     target = self._directory / DAMAGED_SUBDIR / f"{source.name}-{_utc_stamp()}"
+    failure = None
     if jax.process_index() == 0:
-      target.parent.mkdir(parents=True, exist_ok=True)
-      source.rename(target)
-      logging.warning(
-        "Checkpoint step %d is damaged (%s): moved %s to %s and falling back to the previous "
-        "step. Delete it once you no longer need it.",
-        step,
-        problem,
-        source,
-        target,
-      )
-    if jax.process_count() > 1:
-      sharding.barrier(f"checkpoint.set_aside_damaged.{step}")
+      try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source.rename(target)
+      except OSError as error:
+        failure = CheckpointError(
+          f"Checkpoint {source} (step {step}) is damaged ({problem}) but moving it to {target} "
+          f"failed: {errors.first_line(error)}. Move it there (or delete it) yourself and re-run "
+          "the same command to resume from the next older checkpoint."
+        )
+      else:
+        logging.warning(
+          "Checkpoint step %d is damaged (%s): moved %s to %s and falling back to the previous "
+          "step. Delete it once you no longer need it.",
+          step,
+          problem,
+          source,
+          target,
+        )
+    failure = _agreed(f"checkpoint.set_aside_damaged.{step}", failure)
+    if failure is not None:
+      raise failure
     self._manager.reload()
 
   def wait(self) -> None:
@@ -438,25 +483,37 @@ class Checkpointer:
       except workdir_claim.WorkdirBusyError as error:
         busy = True
         logging.warning("Not moving incomplete saves aside: %s", error)
+    failure = None
     if jax.process_index() == 0 and self._directory.exists() and not busy:
-      stamp = _utc_stamp()
-      for entry in sorted(self._directory.iterdir()):
-        name = entry.name
-        unfinished_tmp = _TMP_TAG in name
-        if not (unfinished_tmp or (name.isdigit() and not _has_marker(entry))):
-          continue
-        target = self._directory / INCOMPLETE_SUBDIR / f"{name}-{stamp}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        entry.rename(target)
-        logging.warning(
-          "Moved %s aside to %s: its save never finished (no %s), so it is not used for resuming. "
-          "Delete it to free the space.",
-          entry,
-          target,
-          COMMIT_MARKER,
+      try:
+        self._move_incomplete()
+      except OSError as error:
+        failure = CheckpointError(
+          f"Moving an unfinished save under {self._directory} aside failed: "
+          f"{errors.first_line(error)}. Make the workdir writable (or move the step directory "
+          f"without {COMMIT_MARKER} out of it yourself) and re-run the same command."
         )
-    if jax.process_count() > 1:
-      sharding.barrier("checkpoint.set_aside_incomplete")
+    failure = _agreed("checkpoint.set_aside_incomplete", failure)
+    if failure is not None:
+      raise failure
+
+  def _move_incomplete(self) -> None:
+    stamp = _utc_stamp()
+    for entry in sorted(self._directory.iterdir()):
+      name = entry.name
+      unfinished_tmp = _TMP_TAG in name
+      if not (unfinished_tmp or (name.isdigit() and not _has_marker(entry))):
+        continue
+      target = self._directory / INCOMPLETE_SUBDIR / f"{name}-{stamp}"
+      target.parent.mkdir(parents=True, exist_ok=True)
+      entry.rename(target)
+      logging.warning(
+        "Moved %s aside to %s: its save never finished (no %s), so it is not used for resuming. "
+        "Delete it to free the space.",
+        entry,
+        target,
+        COMMIT_MARKER,
+      )
 
   def __enter__(self) -> Checkpointer:
     return self
@@ -468,7 +525,8 @@ class Checkpointer:
     """Tells damaged files (drop the step) from a changed model or sharding (keep the files).
 
     Only calls the files damaged when they fail to read back on their own terms, so a bug in
-    the requested state never leads to advice to delete a good checkpoint.
+    the requested state never leads to advice to delete a good checkpoint. Reads on this process
+    alone (no collective): `restore` agrees on the verdict afterwards.
     """
     step_dir = self.step_dir(step)
     cause = errors.first_line(error)
@@ -489,7 +547,7 @@ class Checkpointer:
       host_target = jax.tree.map(
         lambda m: np.empty(m.shape, getattr(m, "dtype", None) or np.float32), stored_tree
       )
-      self._manager.restore(step, args=ocp.args.StandardRestore(host_target))
+      self._read(step, host_target)
     except Exception as read_error:
       return self._corrupt(step, errors.first_line(read_error))
     return CheckpointError(
@@ -613,11 +671,44 @@ def damaged_step_error(
   )
 
 
-def _any_process(flag: bool) -> bool:
-  """Whether `flag` holds on any process (every process must call it)."""
+# What `_agreed` can carry from one process to the others, by name.
+_AGREED_TYPES = {
+  cls.__name__: cls
+  for cls in (
+    CheckpointError,
+    CorruptCheckpointError,
+    DamagedCheckpointsError,
+    CheckpointMismatchError,
+    CheckpointSaveError,
+    _AlreadySaved,
+    workdir_claim.WorkdirBusyError,
+  )
+}
+
+
+def _agreed(name: str, error: Exception | None) -> Exception | None:
+  """The failure of the first process (in process order) that had one at `name`, on every
+  process, or None where none had; every process must call it, failed or not."""
   if jax.process_count() == 1:
-    return flag
-  return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+    return error
+  mine = ""
+  if error is not None:
+    mine = json.dumps(
+      {
+        "type": type(error).__name__,
+        "message": str(error),
+        "step": getattr(error, "step", None),
+        "cause": getattr(error, "cause", ""),
+      }
+    )
+  first = next((value for value in sharding.exchange(name, mine) if value), "")
+  if not first or first == mine:
+    return error
+  found = json.loads(first)
+  cls = _AGREED_TYPES.get(found["type"], CheckpointError)
+  if issubclass(cls, CorruptCheckpointError):
+    return cls(found["message"], step=found["step"], cause=found["cause"])
+  return cls(found["message"])
 
 
 def _utc_stamp() -> str:

@@ -139,18 +139,23 @@ def main(argv):
     )
     if bf16_warning:
       logging.warning("%s", bf16_warning)
-  from vitboot_jax import checkpoint, preemption
+  from vitboot_jax import checkpoint, ending, preemption
 
-  try:
-    train.train_and_evaluate(config, _WORKDIR.value, checked=True)
-  except errors.UsageError as error:
-    cli.fail(str(error))
-  except preemption.Preempted as stopped:
-    logging.warning("%s", stopped)
-    sys.exit(stopped.exit_code)
-  except (train.NonFiniteError, train.WriteError, checkpoint.CheckpointError) as error:
-    logging.error("%s", error)  # The message names the step, the files and the fix.
-    sys.exit(1)
+  with ending.watching():  # One process's failure ends every process, with its line.
+    try:
+      train.train_and_evaluate(config, _WORKDIR.value, checked=True)
+    except errors.UsageError as error:
+      ending.fail(str(error), cli.USAGE_EXIT_CODE)
+    except preemption.Preempted as stopped:
+      logging.warning("%s", stopped)
+      sys.exit(stopped.exit_code)
+    except (train.NonFiniteError, train.WriteError, checkpoint.CheckpointError) as error:
+      ending.fail(str(error), 1)  # The message names the step, the files and the fix.
+    except Exception as error:
+      if jax.process_count() == 1:
+        raise
+      logging.exception("Process %d failed:", jax.process_index())
+      ending.fail(f"Process {jax.process_index()} failed: {errors.first_line(error)}", 1)
 
 
 if __name__ == "__main__":

@@ -51,22 +51,25 @@ def global_batches(
   }
 
 
-_BARRIERS = itertools.count()
+_EXCHANGES = itertools.count()
 
 
-def barrier(name: str, timeout_s: float = 600.0) -> None:
-  """Waits until every process reaches `name` (a no-op for one process).
+def exchange(name: str, value: str, timeout_s: float = 600.0) -> list[str]:
+  """Every process's `value` at `name`, in process order (`[value]` for one process).
 
   Through jax.distributed's key-value store, not a collective: processes may arrive minutes apart
   (imports, data checks, a loaded host), longer than a CPU collective's set-up (Gloo: 30 s)
-  waits. Every process must call the same barriers in the same order (the keys are numbered).
+  waits, and a process that gives up raises after `timeout_s` instead of waiting for ever. Every
+  process must call the same exchanges in the same order (the keys are numbered).
   """
   if jax.process_count() == 1:
-    return
+    return [value]
   from jax._src import distributed  # The store jax.distributed started (orbax uses it too).
 
   client = distributed.global_state.client
-  prefix = f"vitboot_jax/barrier/{name}/{next(_BARRIERS)}"
-  client.key_value_set(f"{prefix}/{jax.process_index()}", "arrived")
-  for process in range(jax.process_count()):
+  prefix = f"vitboot_jax/exchange/{name}/{next(_EXCHANGES)}"
+  client.key_value_set(f"{prefix}/{jax.process_index()}", value)
+  return [
     client.blocking_key_value_get(f"{prefix}/{process}", int(timeout_s * 1000))
+    for process in range(jax.process_count())
+  ]

@@ -328,6 +328,14 @@ def held(workdir: epath.PathLike) -> Claim | None:
     return _HELD.get(_key(workdir))
 
 
+def release_held() -> None:
+  """Releases every claim this process holds, for an exit that skips `atexit` (ending.py)."""
+  with _HELD_LOCK:
+    claims = list(_HELD.values())
+  for claim in claims:
+    claim.release()
+
+
 class _OtherProcess:
   """What processes other than 0 hold: process 0 holds the claim for the whole run."""
 
