@@ -15,7 +15,7 @@ from vitboot_jax.errors import ConfigError
 from vitboot_jax.models import pretrained
 from vitboot_jax.models.build import build_models, build_vit
 from vitboot_jax.state import create_state
-from vitboot_jax.tools import sweep
+from vitboot_jax.tools import sweep_runs, sweep_tables
 
 HARD = "mode=joint,distill=hard,feature=0,kd=0,frozen=1"
 
@@ -150,10 +150,10 @@ def test_a_distilled_vit_is_not_read_into_a_plain_one_by_mistake():
 
 
 def test_the_helps_table_runs_deit_from_the_finished_agent():
-  table = sweep.TABLES["helps"]
+  table = sweep_tables.TABLES["helps"]
   row = next(r for r in table.rows if r.name == "deit_hard")
-  s = sweep.settings(table, root="/runs", seeds=[1])
-  command = sweep.command(table, s, row, 1)
+  s = sweep_runs.settings(table, root="/runs", seeds=[1])
+  command = sweep_runs.command(table, s, row, 1)
   assert "--config.agent_init_from=/runs/agent_seed1" in command
   config_arg = next(a for a in command if a.startswith("--config=")).split(":", 1)[1]
   config = load_config("quickstart", config_arg)

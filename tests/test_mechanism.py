@@ -27,7 +27,7 @@ from vitboot_jax.errors import ConfigError
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.choices import hinted_layers
 from vitboot_jax.state import create_state
-from vitboot_jax.tools import sweep, sweep_report
+from vitboot_jax.tools import sweep_report, sweep_runs, sweep_tables
 
 # Each variant switch, an "on" value and the config fields it may change.
 VARIANTS = {
@@ -335,7 +335,7 @@ def test_teacher_starts_the_agent_from_a_run_of_ours(tmp_path, monkeypatch):
 
 
 def test_mechanism_table_names_each_rows_explanation():
-  table = sweep.TABLES["mechanism"]
+  table = sweep_tables.TABLES["mechanism"]
   assert table.epochs == 5 and table.seeds == (0, 1)
   explanations = {r.note.split(":")[0] for r in table.rows}
   assert explanations == {
@@ -352,16 +352,16 @@ def test_mechanism_table_names_each_rows_explanation():
   names = [r.name for r in table.rows]
   # The teacher rows read the agent-alone run of their seed, so it trains before them.
   assert names.index("agent") < min(i for i, n in enumerate(names) if "teacher" in n)
-  s = sweep.settings(table, root="/runs", seeds=[1])
+  s = sweep_runs.settings(table, root="/runs", seeds=[1])
   row = next(r for r in table.rows if r.name == "joint_teacher_frozen")
-  command = sweep.command(table, s, row, 1)
+  command = sweep_runs.command(table, s, row, 1)
   assert "--config.agent_init_from=/runs/agent_seed1" in command
   assert any(a.startswith("--config=configs/quickstart.py:mode=joint,frozen=1") for a in command)
 
 
 def test_the_report_gives_the_hint_ratio_per_epoch(tmp_path):
-  table = sweep.TABLES["mechanism"]
-  s = sweep.settings(table, root=str(tmp_path), seeds=[0])
+  table = sweep_tables.TABLES["mechanism"]
+  s = sweep_runs.settings(table, root=str(tmp_path), seeds=[0])
   joint = next(r for r in table.rows if r.name == "joint")
   wd = tmp_path / "joint_seed0"
   wd.mkdir()
@@ -374,7 +374,7 @@ def test_the_report_gives_the_hint_ratio_per_epoch(tmp_path):
   (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   (wd / "final.json").write_text(json.dumps({"epochs": 5, "top1_vit": 0.3, "top1_agent": 0.4}))
   assert sweep_report.epoch_means(wd, sweep_report.RATIO) == [5.0, 1.0]
-  report = sweep.build_report(table, s)
+  report = sweep_report.build_report(table, s)
   entry = next(r for r in report["rows"] if r["name"] == joint.name)
   assert entry["hint_grad_ratio"] == {0: [5.0, 1.0]}
-  assert "| joint | 0 | 5 | 1 |" in sweep.table_markdown(report)
+  assert "| joint | 0 | 5 | 1 |" in sweep_report.table_markdown(report)

@@ -6,7 +6,7 @@ import pytest
 
 from tests import config_files, paper_recipes
 from vitboot_jax import configlib
-from vitboot_jax.tools import sweep
+from vitboot_jax.tools import sweep_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -106,8 +106,8 @@ def mismatches(expected: dict, resolved: dict) -> list[str]:
 def _runner_rows() -> dict[str, list[str]]:
   """Each config the table runner runs -> the rows that report it ("table: name (model)")."""
   by_config = {}
-  for table in sweep.PAPER_TABLES:
-    for row in sweep.rows(table):
+  for table in sweep_tables.PAPER_TABLES:
+    for row in sweep_tables.rows(table):
       label = f"{table}: {row.name} ({', '.join(row.models)}, {row.note})"
       by_config.setdefault(row.config, []).append(label)
   return by_config

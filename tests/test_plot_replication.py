@@ -14,7 +14,7 @@ import pytest
 
 from tests.config_files import load_config
 from vitboot_jax import configlib
-from vitboot_jax.tools import plot, sweep
+from vitboot_jax.tools import plot, sweep_report, sweep_runs, sweep_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 10
@@ -132,11 +132,11 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # replication tables of the sweep runner
 
-REPLICATION = sweep.TABLES["replication"]
+REPLICATION = sweep_tables.TABLES["replication"]
 
 
 def _settings(root, seeds=(0, 1), epochs=3, table=REPLICATION):
-  return sweep.settings(table, root=root, seeds=seeds, epochs=epochs, data_dir="/data")
+  return sweep_runs.settings(table, root=root, seeds=seeds, epochs=epochs, data_dir="/data")
 
 
 def test_aggregate_mean_spread_and_missing_rows(tmp_path):
@@ -148,7 +148,7 @@ def test_aggregate_mean_spread_and_missing_rows(tmp_path):
   _write_final(tmp_path / "joint_seed0", {"vit": 0.61, "agent": 0.62}, epochs=5.0, mode="joint")
   (tmp_path / "agent_seed0").mkdir()  # Started, no final.json yet.
 
-  report = sweep.build_report(REPLICATION, _settings(tmp_path))
+  report = sweep_report.build_report(REPLICATION, _settings(tmp_path))
   by_name = {r["name"]: r for r in report["rows"]}
   assert [r["name"] for r in report["rows"]] == [r.name for r in REPLICATION.rows]
 
@@ -176,7 +176,7 @@ def test_aggregate_mean_spread_and_missing_rows(tmp_path):
   assert mimetic["status"] == "not run" and mimetic["top1"]["vit"] is None
   assert report["train_seconds"] == pytest.approx(220.0 + 200.0 + 100.0)
 
-  sweep.write_report(tmp_path, report)
+  sweep_report.write_report(tmp_path, report)
   assert json.loads((tmp_path / "table.json").read_text())["rows"][0]["name"] == "vit"
   table = (tmp_path / "table.md").read_text()
   assert "| vit | ViT | ViT alone | 52.00 ± 2.83 [50.00, 54.00] | done |" in table
@@ -194,9 +194,9 @@ def test_plot_curves_over_first_seed(tmp_path):
   _write_metrics(tmp_path / "shared_align_seed0", "shared")
   _write_metrics(tmp_path / "vit_seed0", "vit")
   _write_metrics(tmp_path / "vit_seed1", "vit")
-  out = sweep.plot_curves(REPLICATION, _settings(tmp_path), seed=0)
-  assert out == tmp_path / sweep.CURVES and out.stat().st_size > 1000
-  assert sweep.plot_curves(REPLICATION, _settings(tmp_path), seed=7) is None
+  out = sweep_report.plot_curves(REPLICATION, _settings(tmp_path), seed=0)
+  assert out == tmp_path / sweep_report.CURVES and out.stat().st_size > 1000
+  assert sweep_report.plot_curves(REPLICATION, _settings(tmp_path), seed=7) is None
 
 
 def _run_sweep(*args):
@@ -265,29 +265,29 @@ def test_rows_flag_limits_the_commands_not_the_table(tmp_path):
   workdirs = [dict(a.split("=", 1) for a in c[3:])["--workdir"] for c in _commands(result.stdout)]
   assert workdirs == [str(tmp_path / "vit_seed3"), str(tmp_path / "shared_noalign_seed3")]
   assert f"epochs={REPLICATION.epochs}" in _commands(result.stdout)[0][3]
-  table = json.loads((tmp_path / sweep.TABLE_JSON).read_text())  # ROOT exists: written.
+  table = json.loads((tmp_path / sweep_report.TABLE_JSON).read_text())  # ROOT exists: written.
   assert [r["name"] for r in table["rows"]] == [r.name for r in REPLICATION.rows]
   assert {r["status"] for r in table["rows"]} == {"not run"} and table["seeds"] == [3]
-  lines = (tmp_path / sweep.TABLE_MD).read_text().splitlines()
+  lines = (tmp_path / sweep_report.TABLE_MD).read_text().splitlines()
   assert sum("| not run |" in line for line in lines) == sum(
     len(r.models) for r in REPLICATION.rows
   )
 
 
 def test_tokens16_table_keeps_the_row_names():
-  table = sweep.TABLES["replication_tokens16"]
+  table = sweep_tables.TABLES["replication_tokens16"]
   assert [r.name for r in table.rows] == [
     *("vit", "agent", "joint", "shared_align", "shared_noalign"),
     *("joint_kd_only", "joint_feature_only", "joint_no_decay"),
   ]
   s = _settings("/root", table=table)
   assert all(r.config.startswith("configs/cifar10_tokens16.py:mode=") for r in table.rows)
-  assert sweep.workdir(s, table.rows[3], 1) == pathlib.Path("/root/shared_align_seed1")
+  assert sweep_runs.workdir(s, table.rows[3], 1) == pathlib.Path("/root/shared_align_seed1")
 
 
 def _row_config(row, seed=0, epochs=4, table=REPLICATION):
   """The config a row's command builds: the config file's args, then its --config.* flags."""
-  cmd = sweep.command(table, _settings("/root", epochs=epochs, table=table), row, seed)
+  cmd = sweep_runs.command(table, _settings("/root", epochs=epochs, table=table), row, seed)
   config = load_config(cmd[3].removeprefix("--config="))
   for flag in cmd[5:]:
     key, value = flag[len("--config.") :].split("=", 1)
@@ -306,7 +306,7 @@ def _flatten(d, prefix=""):
 @pytest.mark.parametrize("name", ["replication", "replication_tokens16"])
 def test_rows_differ_only_in_method(name):
   """Equal data, model, optimiser, epochs and seed in every row; only the method changes."""
-  table = sweep.TABLES[name]
+  table = sweep_tables.TABLES[name]
   allowed = {
     "mode",
     "align",
@@ -330,9 +330,12 @@ def test_rows_differ_only_in_method(name):
 
 
 def test_select_rows():
-  assert [r.name for r in sweep.select_rows(REPLICATION, ["joint", "vit"])] == ["vit", "joint"]
+  assert [r.name for r in sweep_tables.select_rows(REPLICATION, ["joint", "vit"])] == [
+    "vit",
+    "joint",
+  ]
   with pytest.raises(ValueError, match="unknown rows"):
-    sweep.select_rows(REPLICATION, ["nope"])
+    sweep_tables.select_rows(REPLICATION, ["nope"])
 
 
 def test_rows_resolve_to_the_configs_of_runs_started_by_the_old_runner():
@@ -348,7 +351,7 @@ def test_rows_resolve_to_the_configs_of_runs_started_by_the_old_runner():
 
 def test_launch_script_picks_the_table_from_config_and_skips_finished_runs(tmp_path):
   """launch/cpu_replication.sh keeps its arguments: --config picks the 16x16-token table."""
-  table = sweep.TABLES["replication_tokens16"]
+  table = sweep_tables.TABLES["replication_tokens16"]
   for row in table.rows:
     _write_final(tmp_path / f"{row.name}_seed0", {"vit": 0.4, "agent": 0.5})
   env = dict(
@@ -364,7 +367,7 @@ def test_launch_script_picks_the_table_from_config_and_skips_finished_runs(tmp_p
   )
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
   assert result.stdout.count("done already:") == len(table.rows)
-  report = json.loads((tmp_path / sweep.TABLE_JSON).read_text())
+  report = json.loads((tmp_path / sweep_report.TABLE_JSON).read_text())
   assert report["table"] == "replication_tokens16" and report["epochs"] == 3
   assert (tmp_path / "replication.log").exists()
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from vitboot_jax.tools import sweep
+from vitboot_jax.tools import sweep_tables
 
 README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
 
@@ -26,7 +26,7 @@ def _block(marker: str) -> str:
   ],
 )
 def test_paper_tables_are_generated_from_paper_results(marker, table, also):
-  assert _block(marker) == sweep.rows_markdown(sweep.TABLES[table], *also)
+  assert _block(marker) == sweep_tables.rows_markdown(sweep_tables.TABLES[table], *also)
 
 
 def test_config_paths_in_readme_exist():

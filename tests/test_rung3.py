@@ -12,7 +12,7 @@ import numpy as np
 from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.data import npz
-from vitboot_jax.tools import sweep
+from vitboot_jax.tools import sweep_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ROWS = ["vit", "agent", "joint", "shared_align", "shared_noalign"]
@@ -56,7 +56,7 @@ def test_rows_are_the_papers_vits_configs_on_the_device_pipeline(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   commands = [line for line in proc.stdout.splitlines() if line.startswith("python -m")]
   assert len(commands) == len(ROWS)
-  assert [r.name for r in sweep.rows("replication_224")] == ROWS
+  assert [r.name for r in sweep_tables.rows("replication_224")] == ROWS
   assert not (tmp_path / "root").exists()  # A dry run writes nothing.
   for row, command in zip(ROWS, commands):
     args = shlex.split(command)
@@ -102,8 +102,8 @@ def test_another_tables_rows_run_the_same_way_and_must_be_named(tmp_path):
   proc = _launch(tmp_path / "root", 10, npz_dir, TABLE="mechanism_tokens16", ROWS="agent", DRY="1")
   assert proc.returncode == 0, proc.stderr[-2000:]
   commands = [shlex.split(c) for c in proc.stdout.splitlines() if c.startswith("python -m")]
-  names = [r.name for r in sweep.rows("mechanism_tokens16")]
-  assert names == [r.name for r in sweep.rows("mechanism")] and len(commands) == len(names)
+  names = [r.name for r in sweep_tables.rows("mechanism_tokens16")]
+  assert names == [r.name for r in sweep_tables.rows("mechanism")] and len(commands) == len(names)
   for args in commands:
     spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
     assert spec.startswith("configs/cifar10_tokens16.py:mode="), spec
@@ -125,8 +125,10 @@ def test_the_helps_rows_run_at_224_px_with_their_teacher(tmp_path):
   proc = _launch(tmp_path / "root", 40, npz_dir, TABLE="helps_224", ROWS="agent", DRY="1")
   assert proc.returncode == 0, proc.stderr[-2000:]
   commands = [shlex.split(c) for c in proc.stdout.splitlines() if c.startswith("python -m")]
-  assert [r.name for r in sweep.rows("helps_224")] == [r.name for r in sweep.rows("helps")]
-  assert len(commands) == len(sweep.rows("helps"))
+  assert [r.name for r in sweep_tables.rows("helps_224")] == [
+    r.name for r in sweep_tables.rows("helps")
+  ]
+  assert len(commands) == len(sweep_tables.rows("helps"))
   for args in commands:
     spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
     assert spec.startswith("configs/vits_cifar10.py:mode="), spec

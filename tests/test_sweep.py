@@ -13,7 +13,7 @@ import pytest
 
 from tests.config_files import load_config
 from vitboot_jax import configlib, paper_results
-from vitboot_jax.tools import sweep, sweep_runs
+from vitboot_jax.tools import sweep_report, sweep_runs, sweep_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -24,15 +24,15 @@ def _config(config):
 
 def _lines(table):
   """(row, model) pairs the table reports: the report's lines."""
-  return [(row, model) for row in sweep.rows(table) for model in row.models]
+  return [(row, model) for row in sweep_tables.rows(table) for model in row.models]
 
 
-@pytest.mark.parametrize("table", sweep.PAPER_TABLES)
+@pytest.mark.parametrize("table", sweep_tables.PAPER_TABLES)
 def test_every_row_is_a_valid_config_of_its_model(table):
   assert (
     len(_lines(table)) == {"cifar10": 25, "cifar100": 25, "imagenet": 27, "ablation": 10}[table]
   )
-  for row in sweep.rows(table):
+  for row in sweep_tables.rows(table):
     config = _config(row.config)
     configlib.validate(config)
     if row.models == ("cnn",):
@@ -50,9 +50,9 @@ def test_every_row_is_a_valid_config_of_its_model(table):
     assert config.data.num_classes == classes
 
 
-@pytest.mark.parametrize("table", sweep.PAPER_TABLES)
+@pytest.mark.parametrize("table", sweep_tables.PAPER_TABLES)
 def test_every_line_has_its_published_number_and_every_number_a_line(table):
-  published = paper_results.TABLES[sweep.TABLES[table].paper].top1
+  published = paper_results.TABLES[sweep_tables.TABLES[table].paper].top1
   lines = _lines(table)
   for row, model in lines:
     assert paper_results.top1(table, row.name, model) is not None, (row.name, model)
@@ -83,15 +83,15 @@ def test_markdown_renders_table_1_with_a_column_per_dataset():
 def test_shared_and_sparse_b_rows_run_both_recipes(table):
   """Shared: the authors' summed gradients and the paper's Align; Sparse-B: ViT-B with entmax
   and the authors' shipped config (ViT-S shape), each labelled."""
-  rows = sweep.rows(table)
+  rows = sweep_tables.rows(table)
   shared = {(r.note, _config(r.config).align) for r in rows if r.name.startswith("Ours-Shared")}
-  assert shared == {(sweep.CODE, "none"), (sweep.ALIGN, "pcgrad")}
+  assert shared == {(sweep_tables.CODE, "none"), (sweep_tables.ALIGN, "pcgrad")}
   sparse_b = {(r.note, _config(r.config).model.embed_dim) for r in rows if "ViT-B-Sparse" in r.name}
-  assert sparse_b == {(sweep.PAPER_B, 384), (sweep.SHIPPED_S, 288)}
+  assert sparse_b == {(sweep_tables.PAPER_B, 384), (sweep_tables.SHIPPED_S, 288)}
 
 
 def test_table4_rows_switch_one_loss_term():
-  by_name = {r.name: _config(r.config) for r in sweep.rows("ablation")}
+  by_name = {r.name: _config(r.config) for r in sweep_tables.rows("ablation")}
   both = by_name["T4 Both (Ours-Joint S)"]
   assert (both.loss.kd_vit, both.loss.feature_vit, both.loss.feature_decay) == (1.0, 10.0, "epoch")
   assert by_name["T4 KD Only"].loss.feature_vit == 0.0
@@ -102,8 +102,8 @@ def test_table4_rows_switch_one_loss_term():
 
 
 def test_rows_of_one_config_share_one_run():
-  rows = sweep.rows("cifar100")
-  runs = sweep.runs(rows)
+  rows = sweep_tables.rows("cifar100")
+  runs = sweep_tables.runs(rows)
   assert len(runs) == len(rows) - 1  # ViT-B-Sparse (shipped) is the ViT-S-Sparse run.
   sparse = [r for r in rows if r.config.endswith("vits_cifar100.py:mode=vit,attention=entmax")]
   assert [r.name for r in sparse] == ["ViT-S-Sparse", "ViT-B-Sparse"]
@@ -111,16 +111,16 @@ def test_rows_of_one_config_share_one_run():
 
 
 def test_report_reads_final_json(tmp_path):
-  table = sweep.TABLES["cifar100"]
-  s = sweep.settings(table, root=tmp_path)
+  table = sweep_tables.TABLES["cifar100"]
+  s = sweep_runs.settings(table, root=tmp_path)
   shared_s = next(r for r in table.rows if r.name == "Ours-Shared S")
-  workdir = sweep.workdir(s, shared_s, 0)
+  workdir = sweep_runs.workdir(s, shared_s, 0)
   assert workdir == tmp_path / "vits_cifar100_mode-shared_align-none_seed0"
   workdir.mkdir(parents=True)
   (workdir / "final.json").write_text(
     json.dumps({"top1_vit": 0.7512, "top1_agent": 0.7, "epochs": 240})
   )
-  report = sweep.table_markdown(sweep.build_report(table, s))
+  report = sweep_report.table_markdown(sweep_report.build_report(table, s))
   assert "| Ours-Shared S | ViT | authors' code | 75.50 | 75.12 | done | 0 | 240 |" in report
   assert "| Ours-Shared S | agent | authors' code | 74.06 | 70.00 | done | 0 | 240 |" in report
   assert report.count("| not run | not run |") == len(_lines("cifar100")) - 2
@@ -151,7 +151,7 @@ def test_table_flag_prints_rows_paper_numbers_commands_and_ours():
   lines = out.splitlines()
   assert "run the commands from the repository root" in lines[0]
   commands = [line for line in lines if "vitboot_jax.main" in line and not line.startswith("|")]
-  assert len(commands) == len(sweep.runs(sweep.rows("cifar100")))
+  assert len(commands) == len(sweep_tables.runs(sweep_tables.rows("cifar100")))
   for line in commands:
     argv = shlex.split(line)
     assert argv[:3] == ["python", "-m", "vitboot_jax.main"], line
@@ -165,13 +165,13 @@ def test_table_flag_prints_rows_paper_numbers_commands_and_ours():
 
 def test_markdown_flag_prints_the_paper_table():
   out = _sweep("--table=ablation", "--markdown")
-  assert out == sweep.rows_markdown(sweep.TABLES["ablation"])
+  assert out == sweep_tables.rows_markdown(sweep_tables.TABLES["ablation"])
   assert "| T4 KD Only | 67.16 | `configs/vits_cifar100.py:mode=joint,feature=0` |" in out
 
 
 def test_paper_tables_take_no_epochs():
   with pytest.raises(ValueError, match="num_epochs"):
-    sweep.settings(sweep.TABLES["cifar10"], epochs=3)
+    sweep_runs.settings(sweep_tables.TABLES["cifar10"], epochs=3)
 
 
 _STOPPABLE_RUN = """
@@ -196,7 +196,7 @@ def test_a_signal_to_the_sweep_stops_the_run_through_its_save(tmp_path):
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
   threading.Thread(target=interrupt_when_ready, daemon=True).start()
-  code, received = sweep.run_training(["python", "-c", _STOPPABLE_RUN, str(ready)])
+  code, received = sweep_runs.run_training(["python", "-c", _STOPPABLE_RUN, str(ready)])
   # The run got SIGTERM (its save path ran) rather than being killed or finishing its sleep.
   assert (code, received) == (143, signal.SIGINT)
   assert ready.with_suffix(".saved").exists()
@@ -204,8 +204,8 @@ def test_a_signal_to_the_sweep_stops_the_run_through_its_save(tmp_path):
 
 
 def test_a_run_stopped_by_a_signal_stops_the_sweep(tmp_path, monkeypatch):
-  table = sweep.TABLES["replication"]
-  s = sweep.settings(table, root=tmp_path, seeds=(0, 1))
+  table = sweep_tables.TABLES["replication"]
+  s = sweep_runs.settings(table, root=tmp_path, seeds=(0, 1))
   started = []
 
   def stopped_run(table, s, row, seed):
@@ -213,14 +213,14 @@ def test_a_run_stopped_by_a_signal_stops_the_sweep(tmp_path, monkeypatch):
     return ["python", "-c", "import sys; sys.exit(143)"]
 
   monkeypatch.setattr(sweep_runs, "command", stopped_run)
-  with pytest.raises(sweep.Stopped, match="SIGTERM") as stop:
-    sweep.run_missing(table, s, table.rows[:2])
+  with pytest.raises(sweep_runs.Stopped, match="SIGTERM") as stop:
+    sweep_runs.run_missing(table, s, table.rows[:2])
   assert stop.value.exit_code == 143 and started == [("vit", 0)]
 
 
 def test_the_helps_report_sets_every_vit_against_the_vit_alone(tmp_path):
-  table = sweep.TABLES["helps"]
-  s = sweep.settings(table, root=str(tmp_path), seeds=[0, 1])
+  table = sweep_tables.TABLES["helps"]
+  s = sweep_runs.settings(table, root=str(tmp_path), seeds=[0, 1])
   finals = {  # run -> per seed (ViT top-1, agent top-1, training seconds)
     "vit": [(0.50, None, 100.0), (0.52, None, 100.0)],
     "agent": [(None, 0.55, 200.0), (None, 0.56, 200.0)],
@@ -237,7 +237,7 @@ def test_the_helps_report_sets_every_vit_against_the_vit_alone(tmp_path):
       (wd / "final.json").write_text(json.dumps(final))
       evals = [{"step": 390, "epoch": 5.0, "eval/top1_vit": (vit or 0) - 0.1}]
       (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
-  report = sweep.build_report(table, s)
+  report = sweep_report.build_report(table, s)
   by_name = {r["name"]: r for r in report["rows"]}
   kd = by_name["kd_teacher"]["vs_reference"]
   assert kd["diff"] == pytest.approx(5.5) and kd["helps"]
@@ -249,5 +249,5 @@ def test_the_helps_report_sets_every_vit_against_the_vit_alone(tmp_path):
   # A teacher row costs its teacher's training too.
   assert by_name["kd_teacher"]["train_seconds_with_teacher"] == 100.0 + 400.0
   assert by_name["kd_teacher"]["evaluations"][0] == [{"epoch": 5.0, "vit": pytest.approx(46.0)}]
-  text = sweep.table_markdown(report)
+  text = sweep_report.table_markdown(report)
   assert "| kd_teacher | 46.50 | +5.50 ± " in text and "| yes | 8m20s (incl. agent) |" in text

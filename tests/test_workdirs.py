@@ -337,7 +337,7 @@ def fake_bucket(tmp_path, monkeypatch):
 
 
 def test_plot_and_sweep_read_a_bucket_workdir(fake_bucket):
-  from vitboot_jax.tools import plot, sweep
+  from vitboot_jax.tools import plot, sweep_report, sweep_runs, sweep_tables
 
   run = fake_bucket / "runs" / "a"
   run.mkdir(parents=True)
@@ -347,16 +347,16 @@ def test_plot_and_sweep_read_a_bucket_workdir(fake_bucket):
   assert os.fspath(loaded.workdir) == "gs://bucket/runs/a" and loaded.label == "a"
   assert [r["step"] for r in loaded.train] == [5] and [r["step"] for r in loaded.eval] == [10]
 
-  table = sweep.TABLES["cifar100"]
-  s = sweep.settings(table, root="gs://bucket/sweep")
+  table = sweep_tables.TABLES["cifar100"]
+  s = sweep_runs.settings(table, root="gs://bucket/sweep")
   assert s.root == "gs://bucket/sweep"
   row = next(r for r in table.rows if r.name == "Ours-Shared S")
-  workdir = sweep.workdir(s, row, 0)
+  workdir = sweep_runs.workdir(s, row, 0)
   assert os.fspath(workdir) == "gs://bucket/sweep/vits_cifar100_mode-shared_align-none_seed0"
   local = fake_bucket / "sweep" / "vits_cifar100_mode-shared_align-none_seed0"
   local.mkdir(parents=True)
   (local / "final.json").write_text(json.dumps({"top1_vit": 0.7512, "epochs": 240}))
-  entry = next(e for e in sweep.aggregate(table, s) if e["name"] == "Ours-Shared S")
+  entry = next(e for e in sweep_report.aggregate(table, s) if e["name"] == "Ours-Shared S")
   assert entry["status"] == "done" and entry["top1"]["vit"]["mean"] == pytest.approx(75.12)
   assert f"--workdir={workdir}" in entry["commands"][0]
 

@@ -65,68 +65,7 @@ import time
 from absl import app, flags
 from etils import epath
 
-from vitboot_jax.tools.sweep_report import (
-  CURVES,
-  TABLE_JSON,
-  TABLE_MD,
-  aggregate,
-  build_report,
-  plot_curves,
-  table_markdown,
-  write_report,
-)
-from vitboot_jax.tools.sweep_runs import (
-  DEFAULT_DATA_DIR,
-  Stopped,
-  absolute,
-  command,
-  print_commands,
-  run_missing,
-  run_training,
-  settings,
-  workdir,
-)
-from vitboot_jax.tools.sweep_tables import (
-  ALIGN,
-  CODE,
-  PAPER_B,
-  PAPER_TABLES,
-  SHIPPED_S,
-  TABLES,
-  rows,
-  rows_markdown,
-  runs,
-  select_rows,
-)
-
-# The names tests and launch scripts reach through this module, the sweep's front door.
-__all__ = [
-  "ALIGN",
-  "CODE",
-  "CURVES",
-  "PAPER_B",
-  "PAPER_TABLES",
-  "SHIPPED_S",
-  "TABLES",
-  "TABLE_JSON",
-  "TABLE_MD",
-  "Stopped",
-  "aggregate",
-  "build_report",
-  "command",
-  "plot_curves",
-  "rows",
-  "rows_markdown",
-  "run_missing",
-  "run_training",
-  "runs",
-  "select_rows",
-  "settings",
-  "table_markdown",
-  "workdir",
-  "write_report",
-]
-
+from vitboot_jax.tools import sweep_report, sweep_runs, sweep_tables
 
 _FLAGS = {}
 
@@ -137,7 +76,7 @@ def define_flags() -> None:
   _FLAGS["table"] = flags.DEFINE_enum(
     "table",
     None,
-    list(TABLES),
+    list(sweep_tables.TABLES),
     "Paper Table 1 (cifar10, cifar100), 3 (imagenet), 4-5 (ablation); CPU replications.",
   )
   _FLAGS["root"] = flags.DEFINE_string(
@@ -152,7 +91,7 @@ def define_flags() -> None:
   )
   _FLAGS["data_dir"] = flags.DEFINE_string(
     "data_dir",
-    DEFAULT_DATA_DIR,
+    sweep_runs.DEFAULT_DATA_DIR,
     "CIFAR-10 image folder (train/, test/) of the replication tables; relative: to the cwd.",
   )
   _FLAGS["rows"] = flags.DEFINE_list(
@@ -170,17 +109,17 @@ def define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  table = TABLES[_FLAGS["table"].value]
+  table = sweep_tables.TABLES[_FLAGS["table"].value]
   if _FLAGS["markdown"].value:
     if not table.paper:
       raise app.UsageError(f"table {table.name} has no published numbers")
-    print(rows_markdown(table), end="")
+    print(sweep_tables.rows_markdown(table), end="")
     return 0
   seeds = None if _FLAGS["seeds"].value is None else [int(x) for x in _FLAGS["seeds"].value]
   if seeds is not None and not seeds:
     raise app.UsageError("--seeds needs at least one seed")
   try:
-    s = settings(
+    s = sweep_runs.settings(
       table,
       _FLAGS["root"].value,
       seeds,
@@ -188,27 +127,27 @@ def main(argv):
       _FLAGS["data_dir"].value,
       _FLAGS["override"].value,
     )
-    selected = select_rows(table, _FLAGS["rows"].value)
+    selected = sweep_tables.select_rows(table, _FLAGS["rows"].value)
   except ValueError as error:
     raise app.UsageError(str(error)) from error
   failed, stopped = [], None
   if _FLAGS["run"].value:
     start = time.perf_counter()
     try:
-      failed = run_missing(table, s, selected)
-    except Stopped as stop:
+      failed = sweep_runs.run_missing(table, s, selected)
+    except sweep_runs.Stopped as stop:
       stopped = stop
     print(f"sweep: {(time.perf_counter() - start) / 60:.1f} min wall time", flush=True)
   else:
-    print_commands(table, s, selected)
-  report = build_report(table, s)
-  root = absolute(epath.Path(s.root))
+    sweep_runs.print_commands(table, s, selected)
+  report = sweep_report.build_report(table, s)
+  root = sweep_runs.absolute(epath.Path(s.root))
   if root.exists():
-    curves = plot_curves(table, s, s.seeds[0])
+    curves = sweep_report.plot_curves(table, s, s.seeds[0])
     report["curves"] = str(curves) if curves else None
-    write_report(root, report)
-    print(f"# Wrote {root / TABLE_MD} and {root / TABLE_JSON}")
-  print(table_markdown(report))
+    sweep_report.write_report(root, report)
+    print(f"# Wrote {root / sweep_report.TABLE_MD} and {root / sweep_report.TABLE_JSON}")
+  print(sweep_report.table_markdown(report))
   if stopped is not None:
     print(f"sweep: {stopped}", file=sys.stderr)
     return stopped.exit_code
