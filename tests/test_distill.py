@@ -10,7 +10,7 @@ import pytest
 from tests.config_files import load_config
 from tests.test_steps import batch_of
 from vitboot_jax import configlib, evaluate, kernel_sets, losses, optim, steps
-from vitboot_jax.data import device_preprocess
+from vitboot_jax.data import step_preprocess
 from vitboot_jax.errors import ConfigError
 from vitboot_jax.models import pretrained
 from vitboot_jax.models.build import build_models, build_vit
@@ -197,4 +197,4 @@ def test_a_frozen_teacher_in_evaluation_mode_predicts_as_at_inference():
 
 
 def _prepared(config, images):
-  return device_preprocess.make_prepare(config)(images)
+  return step_preprocess.make_prepare(config)(images)

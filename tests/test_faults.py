@@ -22,7 +22,7 @@ from tests import runs
 from tests.config_files import load_config
 from tests.runs import command, env, metrics, run
 from vitboot_jax import checkpoint, preemption, train
-from vitboot_jax.data import input_pipeline, sources
+from vitboot_jax.data import splits, tfdata_pipeline
 
 # ---------------------------------------------------------------------------------------------
 # A watched run: kill it when a condition on its log or its checkpoint directory comes true.
@@ -266,8 +266,8 @@ def test_unreadable_image_is_named(image_folder, tmp_path, damage):
   data = bad.read_bytes()
   bad.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
   config = _tiny_config(folder)
-  with pytest.raises(sources.UnreadableImageError) as info:
-    for _ in input_pipeline.train_batches(config):
+  with pytest.raises(splits.UnreadableImageError) as info:
+    for _ in tfdata_pipeline.train_batches(config):
       pass
   message = str(info.value)
   assert message.startswith(f"Cannot read image file {bad}: ")
@@ -659,18 +659,18 @@ def test_a_class_in_only_one_split_is_a_data_error(data_copy):
   extra = data_copy / "test" / "zebra"
   shutil.copytree(data_copy / "test" / "class0", extra)
   with pytest.raises(errors.DataError, match=r"classes \['zebra'\] are only in 'test'"):
-    input_pipeline.dataset_info(_tiny_config(data_copy))
+    tfdata_pipeline.dataset_info(_tiny_config(data_copy))
   shutil.rmtree(extra)
   shutil.rmtree(data_copy / "test" / "class3")
   with pytest.raises(errors.DataError, match=r"\['class3'\] of the training split have no folder"):
-    input_pipeline.dataset_info(_tiny_config(data_copy))
+    tfdata_pipeline.dataset_info(_tiny_config(data_copy))
 
 
 def test_unsupported_files_are_counted_and_named(data_copy, caplog):
   for name in ("a.bmp", "b.webp", "c.tif"):
     (data_copy / "train" / "class1" / name).write_bytes(b"not used")
   with caplog.at_level("WARNING"):
-    info = input_pipeline.dataset_info(_tiny_config(data_copy))
+    info = tfdata_pipeline.dataset_info(_tiny_config(data_copy))
   assert info.num_train_examples == 160
   assert "Skipping 3 file(s)" in caplog.text
   assert str(data_copy / "train" / "class1" / "b.webp") in caplog.text
@@ -682,7 +682,7 @@ def test_a_bad_test_image_stops_the_run_before_training(data_copy, damage, pipel
   import tensorflow as tf
 
   from vitboot_jax import errors, sharding
-  from vitboot_jax.data import feeds, undecodable
+  from vitboot_jax.data import loop_feed, tfdata_undecodable
 
   config = _tiny_config(data_copy)
   config.data.pipeline = pipeline  # Suspects are decoded by TensorFlow or by PIL.
@@ -697,9 +697,9 @@ def test_a_bad_test_image_stops_the_run_before_training(data_copy, damage, pipel
   else:
     bad.write_bytes(tf.io.encode_png(np.zeros((40, 36, 3), np.uint8)).numpy())
   if pipeline == "tfdata":
-    check = functools.partial(undecodable.check_split, config, "test")
+    check = functools.partial(tfdata_undecodable.check_split, config, "test")
   else:  # Loading decodes every image and checks its size: train.py checks nothing after it.
-    check = functools.partial(feeds.open_feed, config, sharding.make_mesh())
+    check = functools.partial(loop_feed.open_feed, config, sharding.make_mesh())
   with pytest.raises(errors.UsageError) as info:  # main: one line, exit 2.
     check()
   message = str(info.value)
@@ -709,5 +709,5 @@ def test_a_bad_test_image_stops_the_run_before_training(data_copy, damage, pipel
   # The same file met while evaluating is named too (larger splits are not checked up front).
   if damage != "empty" and pipeline == "tfdata":
     with pytest.raises(errors.UsageError, match=str(bad)):
-      for _ in input_pipeline.eval_batches(config):
+      for _ in tfdata_pipeline.eval_batches(config):
         pass

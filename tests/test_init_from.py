@@ -79,14 +79,14 @@ def test_fine_tune_run_starts_from_a_pre_training_run(tmp_path, monkeypatch):
   import tensorflow_datasets as tfds
 
   from vitboot_jax import checkpoint, train
-  from vitboot_jax.data import datasets
+  from vitboot_jax.data import prepare
 
   # tfds mock data swaps the filesystem process-wide: save synchronously (see test_train.py).
   monkeypatch.setattr(
     train.checkpoint, "Checkpointer", functools.partial(checkpoint.Checkpointer, async_save=False)
   )
   # mock_data's download_and_prepare is a no-op; the network probe before it would fail offline.
-  monkeypatch.setattr(datasets, "_reachable", lambda host: True)
+  monkeypatch.setattr(prepare, "_reachable", lambda host: True)
   pre = _config("data=cifar10,mode=vit")
   pre.total_steps = 2
   fine = _config("data=cifar10,mode=vit")

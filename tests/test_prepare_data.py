@@ -1,4 +1,4 @@
-"""Data on first use (datasets.ensure) and tools/prepare_data, with a stand-in tfds builder.
+"""Data on first use (prepare.ensure) and tools/prepare_data, with a stand-in tfds builder.
 
 Nothing here touches the network: the stand-in has no URLs, and the offline cases refuse every
 socket connection.
@@ -11,7 +11,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from vitboot_jax import configlib, errors
-from vitboot_jax.data import datasets, input_pipeline
+from vitboot_jax.data import prepare, tfdata_pipeline
 from vitboot_jax.tools import prepare_data
 
 CLASSES = ("cat", "dog")
@@ -88,24 +88,24 @@ def offline(monkeypatch):
 
 def test_prepared_on_first_use_then_reused(tmp_path, downloads):
   config = _config(data_dir=tmp_path)
-  datasets.ensure(config, may_download=True)
+  prepare.ensure(config, may_download=True)
   assert downloads == ["vitboot_first_use"]
-  datasets.ensure(config, may_download=True)
+  prepare.ensure(config, may_download=True)
   assert downloads == ["vitboot_first_use"]  # Reused, not prepared again.
-  info = input_pipeline.dataset_info(config)
+  info = tfdata_pipeline.dataset_info(config)
   assert (info.num_train_examples, info.num_eval_examples, info.class_names) == (8, 4, CLASSES)
 
 
 def test_default_data_dir_is_tfds_own(tmp_path, monkeypatch, downloads):
   monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds_home"))
   monkeypatch.setattr(tfds.core.constants, "DATA_DIR", str(tmp_path / "tfds_home"))
-  datasets.ensure(_config(), may_download=True)
+  prepare.ensure(_config(), may_download=True)
   assert (tmp_path / "tfds_home" / "vitboot_first_use" / "1.0.0").is_dir()
 
 
 def test_multi_process_runs_never_download(tmp_path, downloads):
   with pytest.raises(errors.DataError, match=r"multi-process .*prepare_data vitboot_first_use"):
-    datasets.ensure(_config(data_dir=tmp_path), may_download=False)
+    prepare.ensure(_config(data_dir=tmp_path), may_download=False)
   assert downloads == [] and not (tmp_path / "vitboot_first_use").exists()
 
 
@@ -113,7 +113,7 @@ def test_offline_names_both_ways_out(tmp_path, monkeypatch, offline, downloads):
   urls = {"https://data.example.org/tiny.tar.gz": None}
   monkeypatch.setattr(VitbootFirstUse, "url_infos", urls)
   with pytest.raises(errors.DataError) as raised:
-    datasets.ensure(_config(data_dir=tmp_path), may_download=True)
+    prepare.ensure(_config(data_dir=tmp_path), may_download=True)
   message = str(raised.value)
   assert "no connection to data.example.org" in message
   assert "prepare_data vitboot_first_use --data_dir=DIR" in message
@@ -127,7 +127,7 @@ def test_a_failed_download_gives_the_offline_message(tmp_path, monkeypatch):
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_network)
   with pytest.raises(errors.DataError, match=r"the download failed: Connection reset .*Either"):
-    datasets.ensure(_config(data_dir=tmp_path), may_download=True)
+    prepare.ensure(_config(data_dir=tmp_path), may_download=True)
 
 
 def test_other_failures_are_not_disguised(tmp_path, monkeypatch):
@@ -136,12 +136,12 @@ def test_other_failures_are_not_disguised(tmp_path, monkeypatch):
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", broken)
   with pytest.raises(RuntimeError, match="a bug"):
-    datasets.ensure(_config(data_dir=tmp_path), may_download=True)
+    prepare.ensure(_config(data_dir=tmp_path), may_download=True)
 
 
 def test_manual_datasets_are_not_attempted(tmp_path, downloads):
   with pytest.raises(errors.DataError, match="cannot download it by itself"):
-    datasets.ensure(_config("vitboot_manual", tmp_path), may_download=True)
+    prepare.ensure(_config("vitboot_manual", tmp_path), may_download=True)
   with pytest.raises(errors.DataError, match=r"downloads/manual .*Register on the website"):
     prepare_data.prepare("vitboot_manual", str(tmp_path))
   assert downloads == []
@@ -149,19 +149,19 @@ def test_manual_datasets_are_not_attempted(tmp_path, downloads):
 
 def test_unknown_name_and_missing_folder(tmp_path):
   with pytest.raises(errors.ConfigError, match="neither a tfds dataset nor 'folder'"):
-    datasets.ensure(_config("no_such_dataset_xyz", tmp_path), may_download=True)
+    prepare.ensure(_config("no_such_dataset_xyz", tmp_path), may_download=True)
   folder = _config("folder", tmp_path / "missing")
   with pytest.raises(errors.DataError, match=r"not found: an image folder is ROOT/\{train,test\}"):
-    datasets.ensure(folder, may_download=True)
+    prepare.ensure(folder, may_download=True)
   (tmp_path / "root").mkdir()
   with pytest.raises(errors.DataError, match="has no 'train' folder"):
-    datasets.ensure(_config("folder", tmp_path / "root"), may_download=True)
+    prepare.ensure(_config("folder", tmp_path / "root"), may_download=True)
 
 
 def test_an_image_folder_is_not_taken_for_a_tfds_directory(tmp_path, downloads):
   (tmp_path / "train" / "cat").mkdir(parents=True)
   with pytest.raises(errors.ConfigError, match="is an image folder .*--config.data.name=folder"):
-    datasets.ensure(_config(data_dir=tmp_path), may_download=True)
+    prepare.ensure(_config(data_dir=tmp_path), may_download=True)
   assert downloads == [] and sorted(p.name for p in tmp_path.iterdir()) == ["train"]
 
 
@@ -170,4 +170,4 @@ def test_prepare_data_tool(tmp_path, downloads):
   assert path == str(tmp_path / "vitboot_first_use" / "1.0.0")
   assert prepare_data.prepare("vitboot_first_use", str(tmp_path)) == path
   assert downloads == ["vitboot_first_use"]
-  datasets.ensure(_config(data_dir=tmp_path), may_download=False)  # What a pod run then sees.
+  prepare.ensure(_config(data_dir=tmp_path), may_download=False)  # What a pod run then sees.

@@ -11,7 +11,7 @@ import numpy as np
 
 from tests.config_files import load_config
 from vitboot_jax import configlib
-from vitboot_jax.data import npz
+from vitboot_jax.data import read_npz
 from vitboot_jax.tools import sweep_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_rows_are_the_papers_vits_configs_on_the_device_pipeline(tmp_path):
   npz_dir.mkdir()
   for split, n in (("train", 80), ("test", 20)):
     images = np.zeros((n, 32, 32, 3), np.uint8)
-    npz.write_npz(str(npz_dir / f"{split}.npz"), images, np.arange(n) % 10)
+    read_npz.write_npz(str(npz_dir / f"{split}.npz"), images, np.arange(n) % 10)
   proc = _launch(tmp_path / "root", 240, npz_dir, DRY="1")
   assert proc.returncode == 0, proc.stderr[-2000:]
   commands = [line for line in proc.stdout.splitlines() if line.startswith("python -m")]
@@ -94,7 +94,7 @@ def test_another_tables_rows_run_the_same_way_and_must_be_named(tmp_path):
   npz_dir = tmp_path / "npz"
   npz_dir.mkdir()
   for split in ("train", "test"):
-    npz.write_npz(
+    read_npz.write_npz(
       str(npz_dir / f"{split}.npz"), np.zeros((20, 32, 32, 3), np.uint8), np.arange(20) % 10
     )
   refused = _launch(tmp_path / "root", 10, npz_dir, TABLE="mechanism_tokens16")
@@ -119,7 +119,7 @@ def test_the_helps_rows_run_at_224_px_with_their_teacher(tmp_path):
   npz_dir = tmp_path / "npz"
   npz_dir.mkdir()
   for split in ("train", "test"):
-    npz.write_npz(
+    read_npz.write_npz(
       str(npz_dir / f"{split}.npz"), np.zeros((20, 32, 32, 3), np.uint8), np.arange(20) % 10
     )
   proc = _launch(tmp_path / "root", 40, npz_dir, TABLE="helps_224", ROWS="agent", DRY="1")

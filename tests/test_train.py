@@ -172,7 +172,7 @@ def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
   import tensorflow_datasets as tfds
 
   from vitboot_jax import checkpoint, train
-  from vitboot_jax.data import datasets
+  from vitboot_jax.data import prepare
 
   # mock_data swaps in a fake filesystem (process-wide) while tfds builds a dataset; an orbax
   # save running in a background thread at that moment would write into it. Save synchronously.
@@ -180,7 +180,7 @@ def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
     train.checkpoint, "Checkpointer", functools.partial(checkpoint.Checkpointer, async_save=False)
   )
   # mock_data's download_and_prepare is a no-op; the network probe before it would fail offline.
-  monkeypatch.setattr(datasets, "_reachable", lambda host: True)
+  monkeypatch.setattr(prepare, "_reachable", lambda host: True)
 
   config = load_config("tiny_config", "data=cifar10")
   config.num_epochs = 2  # 48 examples / batch 16: 3 steps per epoch, 6 in all; stop at 4.

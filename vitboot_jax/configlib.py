@@ -30,10 +30,10 @@ PROJECTORS = ("none", "linear")  # A learnable map of the ViT's tokens before th
 ALIGN_METHODS = ("pcgrad", "none")  # align.py
 ALIGN_GRANULARITIES = ("global", "per_leaf")  # align.py
 # Where batches are made: tf.data on the host, or gathered and augmented in the jitted step from
-# the dataset held on the devices (device_data.py).
+# the dataset held on the devices (device_pipeline.py).
 PIPELINES = ("tfdata", "device")
 ACCELERATOR_STEPS_PER_CALL = 8  # config.steps_per_call=0 on GPUs and TPUs.
-AUGMENTS = ("cifar", "imagenet", "none")  # Both pipelines: preprocess.py, device_preprocess.py.
+AUGMENTS = ("cifar", "imagenet", "none")  # Both pipelines: tfdata_augment.py, step_preprocess.py.
 
 # Official per-dataset normalisation (the CIFAR-100 std reuses CIFAR-10's, as the official code).
 NORMALISATION = {
@@ -195,7 +195,7 @@ def device_resize_from(config: ml_collections.ConfigDict) -> int:
   When every stored image is config.data.stored_size square (CIFAR: 32) and smaller than
   config.image_size, the CIFAR and "none" pipelines ship the augmented crop as uint8 at that
   size (3 kB instead of 602 kB at 224 px) and the jitted steps resize and normalise it on the
-  device (device_preprocess.py); the host then does no float work at all.
+  device (step_preprocess.py); the host then does no float work at all.
   """
   stored = int(config.data.get("stored_size", 0))
   if stored and stored < config.image_size and config.data.augment in ("cifar", "none"):

@@ -37,7 +37,7 @@ def make_eval_step(
 ) -> Callable[[Any, Any, dict[str, jax.Array]], dict]:
   """`eval_step(params, batch_stats, batch) -> {name: {"top1", "top5", "ce"} sums, "count"}`.
 
-  `prepare` (device_preprocess.make_prepare) finishes uint8 images on the device.
+  `prepare` (step_preprocess.make_prepare) finishes uint8 images on the device.
   """
 
   def eval_step(params, batch_stats, batch):

@@ -15,7 +15,7 @@ from absl import logging
 from etils import epath
 
 from vitboot_jax import configlib, errors, progress, quiet, workdirs
-from vitboot_jax.data import datasets, sources
+from vitboot_jax.data import prepare, splits
 
 
 def check(
@@ -45,10 +45,10 @@ def check(
       progress.final_line(final),
     )
     return final
-  if sources.uses_tensorflow(config):
+  if splits.uses_tensorflow(config):
     _check_tensorflow_installed(config)
-  datasets.ensure(config, may_download=single_process)
-  if sources.uses_tensorflow(config):
+  prepare.ensure(config, may_download=single_process)
+  if splits.uses_tensorflow(config):
     quiet.import_tensorflow()  # Before JAX starts: TensorFlow must not take its GPUs.
   return None
 
@@ -59,7 +59,7 @@ def _check_tensorflow_installed(config: ml_collections.ConfigDict) -> None:
   if missing:
     why = (
       f"config.data.name={config.data.name!r} (a tfds dataset)"
-      if config.data.name not in sources.ARRAY_SOURCES
+      if config.data.name not in splits.ARRAY_SOURCES
       else "config.data.pipeline='tfdata' (the default)"
     )
     raise errors.ConfigError(

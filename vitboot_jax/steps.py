@@ -28,7 +28,7 @@ import optax
 
 from vitboot_jax import align as align_lib
 from vitboot_jax import configlib, drloc, hint_variants, losses
-from vitboot_jax.data import device_preprocess
+from vitboot_jax.data import step_preprocess
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
@@ -216,7 +216,7 @@ def make_train_step(
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
   """Returns the pure `train_step(state, batch) -> (state, metrics)`; jit it with donation."""
   names = models.names
-  prepare = device_preprocess.make_prepare(config)
+  prepare = step_preprocess.make_prepare(config)
 
   # The mechanism study's hint variants, one seam (None: the official recipe).
   variants = hint_variants.for_config(config, configlib.total_steps(config, steps_per_epoch))

@@ -36,7 +36,7 @@ from vitboot_jax import (
   workdirs,
 )
 from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.data import feeds, record
+from vitboot_jax.data import loop_feed, workdir_record
 from vitboot_jax.state import TrainState
 
 
@@ -141,7 +141,7 @@ class _Loop:
   def __init__(
     self,
     config: ml_collections.ConfigDict,
-    feed: feeds.Feed,
+    feed: loop_feed.Feed,
     trainer: trainer_lib.Trainer,
     ckpt: checkpoint.Checkpointer,
     writer: metrics.MetricWriter,
@@ -239,9 +239,11 @@ def train_and_evaluate(
   claim = workdir_claim.acquire_for_run(workdir)  # One run per workdir: a second one stops here.
 
   mesh = sharding.make_mesh()
-  feed = feeds.open_feed(config, mesh)  # What each jitted call takes: host batches or device data.
+  feed = loop_feed.open_feed(
+    config, mesh
+  )  # What each jitted call takes: host batches or device data.
   info = feed.info
-  data_record = record.data_fingerprint(config, info)
+  data_record = workdir_record.data_fingerprint(config, info)
   workdirs.check_data(workdir, data_record)  # No resume on other data.
   feed.check_eval_split()  # Bad test images fail now.
   steps_per_epoch = info.steps_per_epoch

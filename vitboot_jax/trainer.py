@@ -17,7 +17,7 @@ import ml_collections
 import optax
 
 from vitboot_jax import evaluate, hint_variants, init_from, kernel_sets, optim, sharding, steps
-from vitboot_jax.data import device_data, device_preprocess
+from vitboot_jax.data import device_pipeline, step_preprocess
 from vitboot_jax.models.build import ModelSet, build_models
 from vitboot_jax.models.kernels import Kernels
 from vitboot_jax.state import TrainState, create_state
@@ -94,7 +94,7 @@ def build(
   step_fn = steps.make_train_step(config, models, tx, schedule, steps_per_epoch)
   on_device = config.data.get("pipeline", "tfdata") == "device"
   if on_device:  # The batch is made inside the step, from the dataset on the devices.
-    step_fn = device_data.feeding(step_fn, config, mesh, steps_per_epoch)
+    step_fn = device_pipeline.feeding(step_fn, config, mesh, steps_per_epoch)
   jit_step = functools.partial(
     jax.jit, donate_argnums=0, out_shardings=(state_sharding, replicated)
   )
@@ -110,7 +110,7 @@ def build(
 
     return jit_step(call)
 
-  prepare = device_preprocess.make_prepare(config)
+  prepare = step_preprocess.make_prepare(config)
   eval_step = jax.jit(
     evaluate.make_eval_step(models, prepare),
     out_shardings=replicated,

@@ -38,10 +38,10 @@ _FRACTION = flags.DEFINE_float(
 
 def prepare(name: str, data_dir: str | None) -> str:
   """Prepares tfds dataset `name` in `data_dir` (a no-op if it is); returns its directory."""
-  from vitboot_jax.data import datasets
+  from vitboot_jax.data import prepare
 
-  builder = datasets.tfds_builder(name, data_dir)
-  if datasets.is_prepared(builder):
+  builder = prepare.tfds_builder(name, data_dir)
+  if prepare.is_prepared(builder):
     logging.info("%s is already prepared in %s.", name, builder.data_dir)
     return builder.data_dir
   if builder.MANUAL_DOWNLOAD_INSTRUCTIONS:
@@ -51,7 +51,7 @@ def prepare(name: str, data_dir: str | None) -> str:
         f"tfds cannot download {name!r} by itself: put its files in {manual} and run this again. "
         "tfds' instructions: " + " ".join(builder.MANUAL_DOWNLOAD_INSTRUCTIONS.split())
       )
-  datasets.download_and_prepare(builder)
+  prepare.download_and_prepare(builder)
   logging.info("Prepared %s in %s.", name, builder.data_dir)
   return builder.data_dir
 
@@ -67,31 +67,31 @@ def pack_npz(
   OUT/<split>.npz in canonical order, with class_names and (tfds) file_names; returns paths.
   `train_fraction` < 1 packs that subset of the first split (train it with fraction 1)."""
   from vitboot_jax import configlib
-  from vitboot_jax.data import device_data, folders, npz
+  from vitboot_jax.data import device_pipeline, read_folders, read_npz
 
   config = configlib.base_config()
   config.data.name, config.data.dir = name, data_dir
   config.data.train_split = splits[0]
   config.data.train_fraction = train_fraction
   if name == "folder":
-    class_names = folders.class_folders(data_dir, splits[0], "train_split")
+    class_names = read_folders.class_folders(data_dir, splits[0], "train_split")
     file_names = {}
   else:
-    from vitboot_jax.data import tf_sources
+    from vitboot_jax.data import tfdata_sources
 
-    info = tf_sources.TfdsSource(config)
+    info = tfdata_sources.TfdsSource(config)
     class_names = info.class_names
     file_names = {split: info.file_names(split) for split in splits}
   config.data.num_classes = len(class_names)
   paths = []
   for split in splits:
     subset = split == splits[0] and train_fraction < 1.0
-    images, labels, index = device_data.read_split(config, split, subset=subset)
+    images, labels, index = device_pipeline.read_split(config, split, subset=subset)
     extra = {"class_names": np.asarray(class_names, str)}
     if file_names.get(split) is not None:
       extra["file_names"] = np.asarray(file_names[split], str)[index]
-    path = npz.npz_path(out_dir, split)
-    npz.write_npz(path, images, labels, **extra)
+    path = read_npz.npz_path(out_dir, split)
+    read_npz.write_npz(path, images, labels, **extra)
     logging.info("Wrote %s: %d images of %s.", path, len(labels), images.shape[1:])
     paths.append(path)
   return paths

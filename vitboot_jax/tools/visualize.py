@@ -37,7 +37,7 @@ from ml_collections import config_flags
 
 from vitboot_jax import checkpoint, cli, configlib, errors, quiet, sharding, workdirs
 from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.data import device_data, device_preprocess
+from vitboot_jax.data import device_pipeline, step_preprocess
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
@@ -103,11 +103,11 @@ def load_images(
   Without `image_files`, the first `num_images` examples of config.data.eval_split.
   """
   if image_files:
-    from vitboot_jax.data import preprocess  # Image files: TensorFlow decodes them.
+    from vitboot_jax.data import tfdata_augment  # Image files: TensorFlow decodes them.
 
     tf = quiet.import_tensorflow()
-    eval_fn = preprocess.make_eval_fn(config)
-    images = [eval_fn(preprocess.decode(tf.io.read_file(path))).numpy() for path in image_files]
+    eval_fn = tfdata_augment.make_eval_fn(config)
+    images = [eval_fn(tfdata_augment.decode(tf.io.read_file(path))).numpy() for path in image_files]
     return prepare(config, np.stack(images)), list(image_files)
   if num_images < 1:
     raise ValueError(f"--num_images={num_images} must be at least 1")
@@ -160,19 +160,19 @@ def eval_split_batches(config: ml_collections.ConfigDict) -> Iterator[dict[str, 
   """Host batches {"image", "label", "mask"} of config.data.eval_split, read by the run's own
   pipeline: with pipeline="device" as its training read it (no TensorFlow), else by tf.data."""
   if config.data.pipeline == "device":
-    images, labels, _ = device_data.read_split(config, config.data.eval_split, subset=False)
+    images, labels, _ = device_pipeline.read_split(config, config.data.eval_split, subset=False)
     yield {"image": images, "label": labels, "mask": np.ones(len(labels), np.float32)}
     return
-  from vitboot_jax.data import input_pipeline  # tf.data: TensorFlow on the host.
+  from vitboot_jax.data import tfdata_pipeline  # tf.data: TensorFlow on the host.
 
   config = config.copy_and_resolve_references()
   config.data.cache = False  # One pass over a few images: a cache would only hold the split.
-  yield from input_pipeline.eval_batches(config, process_index=0, process_count=1)
+  yield from tfdata_pipeline.eval_batches(config, process_index=0, process_count=1)
 
 
 def prepare(config: ml_collections.ConfigDict, images: np.ndarray) -> np.ndarray:
   """Pipeline output -> model input (uint8 stored-size images are resized as the steps do)."""
-  prepared = device_preprocess.make_prepare(config)(jnp.asarray(images))
+  prepared = step_preprocess.make_prepare(config)(jnp.asarray(images))
   return np.asarray(prepared, np.float32)
 
 

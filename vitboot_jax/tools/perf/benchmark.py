@@ -22,7 +22,7 @@ Output, one JSON object per line:
      "mem_bytes"), null if absent. step_s is the median; step_s_min/max show the spread.
      With --loop_steps N (real data from config.data): "loop_step_s", the wall time per step
      of the whole training loop as train.py runs it (next batch from
-     input_pipeline.train_batches, transfer to the mesh, the step, the metrics fetched every
+     tfdata_pipeline.train_batches, transfer to the mesh, the step, the metrics fetched every
      config.log_every_steps), and "loop_data_s", the part of it spent waiting for batches.
      With --eval: "eval_img_per_s", a full evaluation of config.data.eval_split as train.py
      runs it (the feed of config.data.pipeline, evaluate.evaluate; two passes, both reported:
@@ -279,10 +279,13 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
   With config.data.pipeline="device" the loop's step makes its batch from the dataset on the
   devices (its compilation is in the warm-up); "loop_data_s" is then only the host's feed.
   """
-  from vitboot_jax.data import device_data, feeds  # TensorFlow only for the tf.data pipeline.
+  from vitboot_jax.data import (  # TensorFlow only for the tf.data pipeline.
+    device_pipeline,
+    loop_feed,
+  )
 
   config, trainer = step.config, step.trainer
-  feed = feeds.open_feed(config, step.mesh)
+  feed = loop_feed.open_feed(config, step.mesh)
   next_input = feed.train(0)
   train_step = trainer.train_step
   if feed.on_device:
@@ -290,7 +293,7 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
       config, trainer.models, trainer.tx, trainer.schedule, _STEPS_PER_EPOCH
     )
     train_step = jax.jit(
-      device_data.feeding(pure, config, step.mesh, feed.info.steps_per_epoch),
+      device_pipeline.feeding(pure, config, step.mesh, feed.info.steps_per_epoch),
       donate_argnums=0,
       out_shardings=(trainer.state_sharding, trainer.replicated),
     )
@@ -327,7 +330,7 @@ def eval_forward(step: CompiledStep) -> tuple[Any, Callable[[], Any]]:
 def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
   """A full evaluation of the eval split as train.py runs it, from config.data.pipeline's feed
   (twice: tf.data decodes, then reads its cache; the device slicer compiles, then runs)."""
-  from vitboot_jax.data import feeds  # TensorFlow only for the tf.data pipeline.
+  from vitboot_jax.data import loop_feed  # TensorFlow only for the tf.data pipeline.
 
   config, mesh = step.config, step.mesh
   eval_step = step.trainer.eval_step
@@ -335,7 +338,7 @@ def time_eval(step: CompiledStep, forward_steps: int = 3) -> dict[str, Any]:
   batch = int(config.data.eval_batch_size)
   _, call = eval_forward(step)
   forward = statistics.median(time_calls(call, forward_steps, warmup=1))
-  feed = feeds.open_feed(config, mesh)
+  feed = loop_feed.open_feed(config, mesh)
   passes = []
   for _ in range(2):
     start = time.perf_counter()

@@ -23,7 +23,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax.data import input_pipeline
+from vitboot_jax.data import tfdata_pipeline
 
 
 def measure(
@@ -32,9 +32,9 @@ def measure(
   """Times `batches` batches of process 0's training stream after `warmup` (default one epoch)."""
   if batches < 1:
     raise ValueError(f"--batches={batches} must be at least 1")
-  info = input_pipeline.dataset_info(config)
+  info = tfdata_pipeline.dataset_info(config)
   warmup = info.steps_per_epoch if warmup is None else warmup
-  stream = input_pipeline.train_batches(config, process_index=0, process_count=1)
+  stream = tfdata_pipeline.train_batches(config, process_index=0, process_count=1)
   for _ in range(warmup):
     next(stream)
   start = time.perf_counter()

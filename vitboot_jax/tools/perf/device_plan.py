@@ -45,7 +45,7 @@ from ml_collections import config_flags
 
 from vitboot_jax import cli, errors, evaluate, kernel_sets, sharding
 from vitboot_jax.cpu import host_memory
-from vitboot_jax.data import device_preprocess
+from vitboot_jax.data import step_preprocess
 from vitboot_jax.models import kernels as kernels_lib
 from vitboot_jax.tools.perf import benchmark
 
@@ -221,7 +221,7 @@ def eval_row(ctx: Context, mode: str, dtype: str) -> dict:
   plan, mesh = ctx.plan, ctx.mesh
   batch = int(ctx.config.data.eval_batch_size)
   step = benchmark.compile_mode_step(ctx.config, mode, mesh, batch=batch, dtype=dtype)
-  shape, image_dtype = device_preprocess.shipped_image(step.config)
+  shape, image_dtype = step_preprocess.shipped_image(step.config)
   rng = np.random.default_rng(0)
   local = batch // jax.process_count()
   host = {

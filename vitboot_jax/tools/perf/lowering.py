@@ -28,7 +28,7 @@ from ml_collections import config_flags
 
 from vitboot_jax import evaluate, hint_variants, kernel_sets, optim
 from vitboot_jax import steps as step_lib
-from vitboot_jax.data import device_preprocess
+from vitboot_jax.data import step_preprocess
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
@@ -71,14 +71,14 @@ def step_specs(config: ml_collections.ConfigDict, platform: str):
   )
   state = jax.eval_shape(init, jax.random.key(0))
   batch = config.batch_size
-  shipped, dtype = device_preprocess.shipped_image(config)  # As the host pipeline delivers.
+  shipped, dtype = step_preprocess.shipped_image(config)  # As the host pipeline delivers.
   train_batch = {
     "image": jax.ShapeDtypeStruct((batch, *shipped), dtype),
     "label": jax.ShapeDtypeStruct((batch,), jnp.int32),
   }
   eval_batch = {**train_batch, "mask": jax.ShapeDtypeStruct((batch,), jnp.float32)}
   train_step = step_lib.make_train_step(config, models, tx, schedule, _STEPS_PER_EPOCH)
-  eval_step = evaluate.make_eval_step(models, device_preprocess.make_prepare(config))
+  eval_step = evaluate.make_eval_step(models, step_preprocess.make_prepare(config))
   return models, train_step, eval_step, state, train_batch, eval_batch
 
 

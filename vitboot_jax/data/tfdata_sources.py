@@ -1,7 +1,7 @@
 """The three sources as tf.data datasets: an image folder, `.npz` arrays and a prepared tfds
 dataset. Each gives a split's examples as {"index", "ref", "label"} in the split's canonical
 order, where "ref" is what `fetch` turns into a uint8 image (a file path, encoded bytes or the
-image), so input_pipeline.py decodes only what a process reads; `decoded_arrays` decodes a whole
+image), so tfdata_pipeline.py decodes only what a process reads; `decoded_arrays` decodes a whole
 split for the device pipeline (tfds; folders and .npz need no TensorFlow there).
 """
 
@@ -13,7 +13,13 @@ import ml_collections
 import numpy as np
 
 from vitboot_jax import errors, quiet
-from vitboot_jax.data import folders, npz, preprocess, sources, undecodable
+from vitboot_jax.data import (
+  read_folders,
+  read_npz,
+  splits,
+  tfdata_augment,
+  tfdata_undecodable,
+)
 
 tf = quiet.import_tensorflow()  # Quietly, and off every accelerator: JAX's memory stays JAX's.
 import tensorflow_datasets as tfds  # noqa: E402  (after TensorFlow is set up)
@@ -32,13 +38,15 @@ class FolderSource:
     if not self.root or not os.path.isdir(self.root):
       raise errors.DataError(
         f"config.data.dir={self.root!r} not found; "
-        + folders.FOLDER_HINT.format(split=config.data.train_split)
+        + read_folders.FOLDER_HINT.format(split=config.data.train_split)
       )
-    classes = folders.class_folders(self.root, config.data.train_split, "train_split")
+    classes = read_folders.class_folders(self.root, config.data.train_split, "train_split")
     self.class_names = tuple(classes)
 
   def _listing(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-    return folders.list_folder(self.root, split, _field(split, self.train_split), self.class_names)
+    return read_folders.list_folder(
+      self.root, split, _field(split, self.train_split), self.class_names
+    )
 
   def labels(self, split: str) -> np.ndarray:
     return self._listing(split)[1]
@@ -66,7 +74,7 @@ class FolderSource:
 
   @staticmethod
   def fetch(ref: tf.Tensor) -> tf.Tensor:
-    return preprocess.decode(tf.io.read_file(ref))
+    return tfdata_augment.decode(tf.io.read_file(ref))
 
 
 class TfdsSource:
@@ -177,22 +185,22 @@ class TfdsSource:
 
   @staticmethod
   def fetch(ref: tf.Tensor) -> tf.Tensor:
-    return preprocess.decode(ref)
+    return tfdata_augment.decode(ref)
 
 
 class NpzSource:
-  """DIR/<split>.npz arrays (npz.read_npz), the same files the device pipeline reads."""
+  """DIR/<split>.npz arrays (read_npz.read_npz), the same files the device pipeline reads."""
 
   cheap_refs = True  # The images are in memory already: a full shuffle buffer adds nothing.
 
   def __init__(self, config: ml_collections.ConfigDict):
     self.root, self.train_split = config.data.dir, config.data.train_split
-    self.class_names = npz.npz_class_names(config)
+    self.class_names = read_npz.npz_class_names(config)
 
   def _arrays(self, split: str) -> dict[str, np.ndarray]:
-    arrays = npz.read_npz(self.root, split, self.train_split)
-    where = npz.npz_path(self.root, split)
-    sources.check_labels(arrays["labels"], len(self.class_names), where)
+    arrays = read_npz.read_npz(self.root, split, self.train_split)
+    where = read_npz.npz_path(self.root, split)
+    splits.check_labels(arrays["labels"], len(self.class_names), where)
     return arrays
 
   def labels(self, split: str) -> np.ndarray:
@@ -219,7 +227,7 @@ class NpzSource:
     return ref
 
 
-_field = sources.split_field
+_field = splits.split_field
 
 
 _LABEL_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray | None]] = {}
@@ -246,7 +254,7 @@ def train_subset(source: Source, config: ml_collections.ConfigDict):
   imagenet2012's file_name, cifar10's id), so tfds and an image folder of the same images select
   the same ones."""
   split = config.data.train_split
-  return sources.subset_indices(
+  return splits.subset_indices(
     source.labels(split), config.data.train_fraction, source.file_names(split)
   )
 
@@ -262,7 +270,7 @@ def decoded_arrays(
   config: ml_collections.ConfigDict, split: str, *, subset: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(images uint8 [N, H, W, 3], labels, index) of a split, decoded by TensorFlow for the device
-  pipeline (tfds; folders.folder_arrays and npz.npz_arrays need none); `subset`: the train
+  pipeline (tfds; read_folders.folder_arrays and read_npz.npz_arrays need none); `subset`: the train
   subset."""
   source = open_source(config)
   keep = None
@@ -286,10 +294,10 @@ def decoded_arrays(
       labels.append(label)
       index.append(i)
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-    message = undecodable.find_unreadable(config, split, e)
+    message = tfdata_undecodable.find_unreadable(config, split, e)
     if message is None:
       raise
-    raise sources.UnreadableImageError(message) from None
+    raise splits.UnreadableImageError(message) from None
   if not images:
     return np.zeros([0, 0, 0, 3], np.uint8), np.zeros([0], np.int64), np.zeros([0], np.int64)
   return np.stack(images), np.asarray(labels, np.int64), np.asarray(index, np.int64)

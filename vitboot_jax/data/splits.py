@@ -1,9 +1,9 @@
 """What every source and both pipelines share about a dataset, without TensorFlow.
 
 The sizes the trainer needs before any batch (DatasetInfo), the paper's class-balanced subsets,
-and the errors and checks every source's examples pass. The sources themselves: folders.py
-(image folders, decoded with PIL), npz.py (`.npz` arrays), tf_sources.py (the three as tf.data
-datasets, tfds among them); record.py writes what a run trained on into its workdir.
+and the errors and checks every source's examples pass. The sources themselves: read_folders.py
+(image folders, decoded with PIL), read_npz.py (`.npz` arrays), tfdata_sources.py (the three as
+tf.data datasets, tfds among them); workdir_record.py writes what a run trained on into its workdir.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 
 from vitboot_jax import configlib, errors, quiet
-from vitboot_jax.data import folders, preprocess, sources
+from vitboot_jax.data import read_folders, splits, tfdata_augment
 
 tf = quiet.import_tensorflow()  # Quietly, and off every accelerator.
 
@@ -19,7 +19,7 @@ def _decoded_shapes(paths: np.ndarray) -> dict[str, tuple[int, ...]]:
   """The decoded shape of every file that decodes, decoding in parallel."""
 
   def decoded_shape(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    return path, tf.shape(preprocess.decode(tf.io.read_file(path)))  # Output keeps the decode.
+    return path, tf.shape(tfdata_augment.decode(tf.io.read_file(path)))  # Output keeps the decode.
 
   ds = tf.data.Dataset.from_tensor_slices(paths).map(
     decoded_shape, num_parallel_calls=tf.data.AUTOTUNE
@@ -34,11 +34,11 @@ def wrong_size_message(config: ml_collections.ConfigDict, split: str, error: Exc
     cause = str(error).strip().split("\n", 1)[0][:300]
     return (
       f"config.data.stored_size={stored} but an image of split {split!r} is not: {cause}; "
-      + sources.STORED_SIZE_FIX
+      + splits.STORED_SIZE_FIX
     )
-  shapes = _decoded_shapes(folders.split_paths(config, split))
+  shapes = _decoded_shapes(read_folders.split_paths(config, split))
   wrong = [f"{p} ({s[0]}x{s[1]})" for p, s in shapes.items() if s[:2] != (stored, stored)]
-  return sources.wrong_size_message(stored, wrong)
+  return splits.wrong_size_message(stored, wrong)
 
 
 def unreadable_files(paths: np.ndarray) -> str | None:
@@ -48,11 +48,11 @@ def unreadable_files(paths: np.ndarray) -> str | None:
   if not bad:
     return None
   try:
-    preprocess.decode(tf.io.read_file(bad[0]))
+    tfdata_augment.decode(tf.io.read_file(bad[0]))
     why = "TensorFlow cannot decode it"
   except tf.errors.OpError as own_error:  # The file's own error: "Invalid PNG data, size 1586".
     why = own_error.message.split(" [Op:", 1)[0].strip()
-  return sources.unreadable_message(bad, f"it is not a complete JPEG/PNG image: {why}")
+  return splits.unreadable_message(bad, f"it is not a complete JPEG/PNG image: {why}")
 
 
 def find_unreadable(config: ml_collections.ConfigDict, split: str, error: Exception) -> str | None:
@@ -67,7 +67,7 @@ def find_unreadable(config: ml_collections.ConfigDict, split: str, error: Except
       f"be decoded in split {split!r} ({type(error).__name__}: {cause}). Its prepared files are "
       "damaged: delete the dataset's directory and prepare it again."
     )
-  return unreadable_files(folders.split_paths(config, split))
+  return unreadable_files(read_folders.split_paths(config, split))
 
 
 def check_split(config: ml_collections.ConfigDict, split: str, max_files: int = 20000) -> None:
@@ -84,19 +84,19 @@ def check_split(config: ml_collections.ConfigDict, split: str, max_files: int = 
   are checked as they are read.
 
   Raises:
-    sources.UnreadableImageError: A file does not decode (named).
+    splits.UnreadableImageError: A file does not decode (named).
     errors.ConfigError: A PNG's size differs from config.data.stored_size (named).
   """
   if config.data.name != "folder":
     return
-  found = folders.suspect_files(config, split, max_files)
+  found = read_folders.suspect_files(config, split, max_files)
   if found is None:
     return
   suspects, wrong = found
   if suspects:
     message = unreadable_files(np.array(suspects))
     if message is not None:
-      raise sources.UnreadableImageError(message)
+      raise splits.UnreadableImageError(message)
   if wrong:
     stored = configlib.device_resize_from(config)
-    raise errors.ConfigError(sources.wrong_size_message(stored, wrong))
+    raise errors.ConfigError(splits.wrong_size_message(stored, wrong))

@@ -1,4 +1,5 @@
-"""Tests for input_pipeline.py and preprocess.py on tiny folders, tfds (mocked and prepared), CIFAR.
+"""Tests for tfdata_pipeline.py and tfdata_augment.py on tiny folders, tfds (mocked and
+prepared), CIFAR.
 
 Every test image is a constant colour 20 + 4k, so the centre pixel of any output (even after
 pad-crop-flip, which moves pixels by at most 4) tells which example k it came from.
@@ -11,7 +12,7 @@ import tensorflow_datasets as tfds
 
 from tests.config_files import load_config
 from vitboot_jax import configlib
-from vitboot_jax.data import input_pipeline, preprocess, sources, tf_sources
+from vitboot_jax.data import splits, tfdata_augment, tfdata_pipeline, tfdata_sources
 
 MEAN, STD = configlib.NORMALISATION["cifar10"]
 CLASSES = ("cat", "dog", "emu")
@@ -83,16 +84,16 @@ def take(iterator, n):
 
 
 def test_dataset_info_and_canonical_labels(folder):
-  info = input_pipeline.dataset_info(make_config(folder))
-  assert info == sources.DatasetInfo(30, NUM_EVAL, 3, 5, CLASSES)
-  labels = input_pipeline.split_labels(make_config(folder), "train")
+  info = tfdata_pipeline.dataset_info(make_config(folder))
+  assert info == splits.DatasetInfo(30, NUM_EVAL, 3, 5, CLASSES)
+  labels = tfdata_pipeline.split_labels(make_config(folder), "train")
   np.testing.assert_array_equal(labels, np.repeat([0, 1, 2], NUM_TRAIN_PER_CLASS))
 
 
 def test_batches_shapes_dtypes_and_normalisation(folder):
   config = make_config(folder, augment="none")
   config.image_size = 48  # Exercises the resize; a constant image stays constant.
-  batch = next(input_pipeline.train_batches(config))
+  batch = next(tfdata_pipeline.train_batches(config))
   assert batch["image"].shape == (6, 48, 48, 3) and batch["image"].dtype == np.float32
   assert batch["label"].shape == (6,) and batch["label"].dtype == np.int32
   ids = example_ids(batch["image"])
@@ -106,7 +107,7 @@ def test_batches_shapes_dtypes_and_normalisation(folder):
 @pytest.mark.slow
 def test_epochs_are_seeded_permutations_and_cache_is_transparent(folder):
   config = make_config(folder)
-  batches = take(input_pipeline.train_batches(config), 10)
+  batches = take(tfdata_pipeline.train_batches(config), 10)
   epochs = [
     np.concatenate([example_ids(b["image"]) for b in batches[e * 5 : e * 5 + 5]]) for e in (0, 1)
   ]
@@ -114,8 +115,8 @@ def test_epochs_are_seeded_permutations_and_cache_is_transparent(folder):
     np.testing.assert_array_equal(np.sort(ids), np.arange(30))
   assert not np.array_equal(epochs[0], epochs[1])
 
-  again = take(input_pipeline.train_batches(config), 10)
-  cached = take(input_pipeline.train_batches(make_config(folder, cache=True)), 10)
+  again = take(tfdata_pipeline.train_batches(config), 10)
+  cached = take(tfdata_pipeline.train_batches(make_config(folder, cache=True)), 10)
   for a, b, c in zip(batches, again, cached):
     np.testing.assert_array_equal(a["image"], b["image"])
     np.testing.assert_array_equal(a["image"], c["image"])
@@ -123,15 +124,15 @@ def test_epochs_are_seeded_permutations_and_cache_is_transparent(folder):
 
   other_seed = make_config(folder)
   other_seed.seed = 1
-  other = next(input_pipeline.train_batches(other_seed))
+  other = next(tfdata_pipeline.train_batches(other_seed))
   assert not np.array_equal(example_ids(other["image"]), example_ids(batches[0]["image"]))
 
 
 @pytest.mark.parametrize("start_step", [3, 5, 7])  # 5 steps per epoch: mid, on and past a boundary.
 def test_resume_matches_uninterrupted_run(folder, start_step):
   config = make_config(folder, cache=True)
-  full = take(input_pipeline.train_batches(config), 11)
-  resumed = take(input_pipeline.train_batches(config, start_step=start_step), 11 - start_step)
+  full = take(tfdata_pipeline.train_batches(config), 11)
+  resumed = take(tfdata_pipeline.train_batches(config, start_step=start_step), 11 - start_step)
   for a, b in zip(full[start_step:], resumed):
     np.testing.assert_array_equal(a["image"], b["image"])
     np.testing.assert_array_equal(a["label"], b["label"])
@@ -140,9 +141,9 @@ def test_resume_matches_uninterrupted_run(folder, start_step):
 @pytest.mark.slow
 def test_processes_take_disjoint_blocks_of_the_global_batch(folder):
   config = make_config(folder)
-  whole = take(input_pipeline.train_batches(config, process_index=0, process_count=1), 6)
+  whole = take(tfdata_pipeline.train_batches(config, process_index=0, process_count=1), 6)
   parts = [
-    take(input_pipeline.train_batches(config, process_index=p, process_count=2), 6) for p in (0, 1)
+    take(tfdata_pipeline.train_batches(config, process_index=p, process_count=2), 6) for p in (0, 1)
   ]
   for step, batch in enumerate(whole):
     a, b = parts[0][step], parts[1][step]
@@ -159,8 +160,8 @@ def test_cached_eval_dataset_decodes_once(folder, tmp_path):
 
   copy = tmp_path / "copy"
   shutil.copytree(folder, copy)
-  uncached = list(input_pipeline.eval_batches(make_config(folder)))
-  dataset = input_pipeline.eval_dataset(make_config(copy, cache=True))
+  uncached = list(tfdata_pipeline.eval_batches(make_config(folder)))
+  dataset = tfdata_pipeline.eval_dataset(make_config(copy, cache=True))
   first = list(dataset.as_numpy_iterator())
   shutil.rmtree(copy / "test")
   second = list(dataset.as_numpy_iterator())
@@ -176,7 +177,7 @@ def test_eval_sees_every_example_once_with_padding_mask(folder, process_count):
   config = make_config(folder)
   local = config.data.eval_batch_size // process_count
   per_process = [
-    list(input_pipeline.eval_batches(config, process_index=p, process_count=process_count))
+    list(tfdata_pipeline.eval_batches(config, process_index=p, process_count=process_count))
     for p in range(process_count)
   ]
   assert len({len(batches) for batches in per_process}) == 1  # Collectives line up.
@@ -210,30 +211,30 @@ def reference_subset(labels, fraction):
 
 def test_subset_indices_are_official_balanced_and_nested():
   labels = np.random.default_rng(0).integers(0, 7, size=500)
-  small = sources.subset_indices(labels, 0.2)
-  large = sources.subset_indices(labels, 0.5)
+  small = splits.subset_indices(labels, 0.2)
+  large = splits.subset_indices(labels, 0.5)
   np.testing.assert_array_equal(small, reference_subset(labels.tolist(), 0.2))
   np.testing.assert_array_equal(large, reference_subset(labels.tolist(), 0.5))
-  np.testing.assert_array_equal(small, sources.subset_indices(labels, 0.2))
+  np.testing.assert_array_equal(small, splits.subset_indices(labels, 0.2))
   counts = np.bincount(labels)
   np.testing.assert_array_equal(np.bincount(labels[small]), [round(n * 0.2) for n in counts])
   assert set(small) <= set(large)
-  np.testing.assert_array_equal(sources.subset_indices(labels, 1.0), np.arange(500))
+  np.testing.assert_array_equal(splits.subset_indices(labels, 1.0), np.arange(500))
 
 
 @pytest.mark.parametrize("fraction", [0.0, -0.1, 0.001])
 def test_subset_indices_reject_bad_fractions(fraction):
   with pytest.raises(ValueError, match="config.data.train_fraction"):
-    sources.subset_indices(np.array([0, 0, 1, 1, 2]), fraction)
+    splits.subset_indices(np.array([0, 0, 1, 1, 2]), fraction)
 
 
 def test_subset_in_pipeline(folder):
   config = make_config(folder, train_fraction=0.5)
-  info = input_pipeline.dataset_info(config)
+  info = tfdata_pipeline.dataset_info(config)
   assert (info.num_train_examples, info.steps_per_epoch) == (15, 2)
-  expected = sources.subset_indices(input_pipeline.split_labels(config, "train"), 0.5)
+  expected = splits.subset_indices(tfdata_pipeline.split_labels(config, "train"), 0.5)
   seen = set()
-  for batch in take(input_pipeline.train_batches(config), 8):  # 4 epochs of 12 of the 15.
+  for batch in take(tfdata_pipeline.train_batches(config), 8):  # 4 epochs of 12 of the 15.
     seen.update(example_ids(batch["image"]))
   assert seen == set(expected)
 
@@ -244,34 +245,34 @@ def test_subset_in_pipeline(folder):
 
 def test_errors(folder, tmp_path):
   with pytest.raises(FileNotFoundError, match=r"config.data.dir=None not found; point --config"):
-    input_pipeline.dataset_info(make_config(None))
+    tfdata_pipeline.dataset_info(make_config(None))
   with pytest.raises(FileNotFoundError, match="config.data.dir=.* not found"):
-    input_pipeline.dataset_info(make_config(tmp_path / "missing"))
+    tfdata_pipeline.dataset_info(make_config(tmp_path / "missing"))
   with pytest.raises(FileNotFoundError, match="config.data.eval_split='val'"):
-    input_pipeline.dataset_info(make_config(folder, eval_split="val"))
+    tfdata_pipeline.dataset_info(make_config(folder, eval_split="val"))
   (tmp_path / "train" / "cat").mkdir(parents=True)
   with pytest.raises(FileNotFoundError, match="no images"):
-    input_pipeline.dataset_info(make_config(tmp_path, num_classes=1))
+    tfdata_pipeline.dataset_info(make_config(tmp_path, num_classes=1))
   with pytest.raises(ValueError, match="set --config.data.num_classes=3"):
-    input_pipeline.dataset_info(make_config(folder, num_classes=10))
+    tfdata_pipeline.dataset_info(make_config(folder, num_classes=10))
   bad_fraction = load_config("tiny_config")
   bad_fraction.data.train_fraction = 1.5
   with pytest.raises(ValueError, match="config.data.train_fraction"):
     configlib.validate(bad_fraction)  # Checked once, at entry.
   with pytest.raises(ValueError, match="config.batch_size=6 .* multiple of 4"):
-    input_pipeline.train_batches(make_config(folder), process_index=0, process_count=4)
+    tfdata_pipeline.train_batches(make_config(folder), process_index=0, process_count=4)
   with pytest.raises(ValueError, match="config.data.eval_batch_size"):
-    input_pipeline.eval_batches(make_config(folder), process_index=0, process_count=3)
+    tfdata_pipeline.eval_batches(make_config(folder), process_index=0, process_count=3)
   with pytest.raises(ValueError, match="config.data.augment"):
-    input_pipeline.train_batches(make_config(folder, augment="randaugment"))
+    tfdata_pipeline.train_batches(make_config(folder, augment="randaugment"))
   big = make_config(folder)
   big.batch_size = 64
   with pytest.raises(ValueError, match="config.batch_size=64 is larger"):
-    input_pipeline.train_batches(big)
+    tfdata_pipeline.train_batches(big)
   with pytest.raises(ValueError, match="config.data.name='no_such_dataset'"):
-    input_pipeline.dataset_info(make_config(tmp_path, name="no_such_dataset"))
+    tfdata_pipeline.dataset_info(make_config(tmp_path, name="no_such_dataset"))
   with pytest.raises(FileNotFoundError, match=r"not prepared .*prepare_data cifar10 --data_dir="):
-    input_pipeline.dataset_info(make_config(tmp_path, name="cifar10", num_classes=10))
+    tfdata_pipeline.dataset_info(make_config(tmp_path, name="cifar10", num_classes=10))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,17 +284,17 @@ def test_tfds_mock_data(tmp_path):
   config = make_config(tmp_path, name="cifar10", num_classes=10, eval_batch_size=16)
   config.batch_size = 8
   with tfds.testing.mock_data(num_examples=40):
-    labels = input_pipeline.split_labels(config, "train")
+    labels = tfdata_pipeline.split_labels(config, "train")
     assert labels.shape == (40,)
-    batch = next(input_pipeline.train_batches(config))
+    batch = next(tfdata_pipeline.train_batches(config))
     assert batch["image"].shape == (8, 32, 32, 3) and batch["label"].dtype == np.int32
-    evals = list(input_pipeline.eval_batches(config))
+    evals = list(tfdata_pipeline.eval_batches(config))
     assert [b["mask"].sum() for b in evals] == [16, 16, 8]
     config.data.train_fraction = 0.5
-    info = input_pipeline.dataset_info(config)
+    info = tfdata_pipeline.dataset_info(config)
     assert info.num_train_examples == sum(round(n * 0.5) for n in np.bincount(labels))
-    assert info.num_train_examples == len(sources.subset_indices(labels, 0.5))
-    assert next(input_pipeline.train_batches(config))["image"].shape == (8, 32, 32, 3)
+    assert info.num_train_examples == len(splits.subset_indices(labels, 0.5))
+    assert next(tfdata_pipeline.train_batches(config))["image"].shape == (8, 32, 32, 3)
 
 
 class VitbootTinyImages(tfds.core.GeneratorBasedBuilder):
@@ -336,22 +337,22 @@ def tfds_dir(tmp_path_factory):
 @pytest.mark.slow
 def test_tfds_prepared_dataset(tfds_dir):
   config = make_config(tfds_dir, name="vitboot_tiny_images", train_fraction=0.5)
-  assert input_pipeline.dataset_info(config) == sources.DatasetInfo(15, 21, 3, 2, CLASSES)
-  labels = input_pipeline.split_labels(config, "train")  # tfds stores examples shuffled.
-  expected = sources.subset_indices(labels, 0.5)
-  full = take(input_pipeline.train_batches(config), 6)
+  assert tfdata_pipeline.dataset_info(config) == splits.DatasetInfo(15, 21, 3, 2, CLASSES)
+  labels = tfdata_pipeline.split_labels(config, "train")  # tfds stores examples shuffled.
+  expected = splits.subset_indices(labels, 0.5)
+  full = take(tfdata_pipeline.train_batches(config), 6)
   seen = np.concatenate([example_ids(b["image"]) for b in full])
   assert set(seen) <= set(range(30)) and len(set(seen)) == 15
   np.testing.assert_array_equal(np.bincount(labels[expected]), [5, 5, 5])
   for b in full:
     np.testing.assert_array_equal(b["label"], example_ids(b["image"]) // NUM_TRAIN_PER_CLASS)
-  resumed = take(input_pipeline.train_batches(config, start_step=3), 3)
+  resumed = take(tfdata_pipeline.train_batches(config, start_step=3), 3)
   for a, b in zip(full[3:], resumed):
     np.testing.assert_array_equal(a["image"], b["image"])
 
   seen, counts = [], set()
   for p in range(2):  # Each process reads its own sub-split ("test[0:10]", "test[10:21]").
-    batches = list(input_pipeline.eval_batches(config, process_index=p, process_count=2))
+    batches = list(tfdata_pipeline.eval_batches(config, process_index=p, process_count=2))
     counts.add(len(batches))
     for b in batches:
       seen.extend(example_ids(b["image"][b["mask"] == 1]))
@@ -360,10 +361,10 @@ def test_tfds_prepared_dataset(tfds_dir):
 
 
 def test_tfds_data_record_is_the_version_and_split_counts(tfds_dir):
-  from vitboot_jax.data import record
+  from vitboot_jax.data import workdir_record
 
   config = make_config(tfds_dir, name="vitboot_tiny_images", train_fraction=0.5)
-  data = record.data_fingerprint(config, input_pipeline.dataset_info(config))
+  data = workdir_record.data_fingerprint(config, tfdata_pipeline.dataset_info(config))
   assert data["version"] == str(VitbootTinyImages.VERSION)
   assert data["splits"] == {"train": {"examples": 30}, "test": {"examples": 21}}
   assert data["num_train_examples"] == 15 and data["class_names"] == list(CLASSES)
@@ -434,8 +435,8 @@ def named_images(tmp_path_factory):
 
 
 def _selected_names(config) -> set[str]:
-  source = tf_sources.open_source(config)
-  keep = tf_sources.train_subset(source, config)
+  source = tfdata_sources.open_source(config)
+  keep = tfdata_sources.train_subset(source, config)
   if config.data.name == "folder":
     paths = source._listing(config.data.train_split)[0]
     return {str(p).rsplit("/", 1)[-1] for p in paths[keep]}
@@ -451,11 +452,11 @@ def test_tfds_subset_selects_the_image_folder_images(named_images):
     want = _selected_names(folder)
     assert len(want) == 3 * round(NAMED_PER_CLASS * fraction)
     assert _selected_names(tfds_config) == want, fraction
-    source = tf_sources.open_source(tfds_config)
+    source = tfdata_sources.open_source(tfds_config)
     tfds_names = source.file_names("train")
     assert sorted(n.decode() for n in tfds_names) == sorted(NAMED_FILES)
     # The rule applied to tfds' stored record order picks other images: what this guards.
-    old_rule = sources.subset_indices(source.labels("train"), fraction)
+    old_rule = splits.subset_indices(source.labels("train"), fraction)
     assert {n.decode() for n in tfds_names[old_rule]} != want, fraction
 
   # End to end: one epoch of the 50% subset (18 images, 3 batches of 6) sees the same images.
@@ -464,8 +465,8 @@ def test_tfds_subset_selects_the_image_folder_images(named_images):
     make_config(root, train_fraction=0.5),
     make_config(data_dir, name="vitboot_named_images", train_fraction=0.5),
   ):
-    assert input_pipeline.dataset_info(config).num_train_examples == 18
-    batches = take(input_pipeline.train_batches(config), 3)
+    assert tfdata_pipeline.dataset_info(config).num_train_examples == 18
+    batches = take(tfdata_pipeline.train_batches(config), 3)
     seen.append(set(np.concatenate([example_ids(b["image"]) for b in batches]).tolist()))
   want = {NAMED_FILES.index(n) for n in _selected_names(make_config(root, train_fraction=0.5))}
   assert seen[0] == seen[1] == want
@@ -521,14 +522,14 @@ def test_tfds_cifar_subset_follows_the_original_order(tmp_path):
       write_image(class_dir / f"{k // 3:04d}.png", colour(k))
   for fraction in (0.25, 0.5):
     tfds_config = make_config(tmp_path / "tfds", name="vitboot_id_images", train_fraction=fraction)
-    source = tf_sources.open_source(tfds_config)
+    source = tfdata_sources.open_source(tfds_config)
     ids = source.file_names("train")
     assert sorted(ids) != list(ids)  # Stored in tfds' hashed order, not the original one.
-    keep = tf_sources.train_subset(source, tfds_config)
+    keep = tfdata_sources.train_subset(source, tfds_config)
     from_tfds = {int(i.decode()[len("train_") :]) for i in ids[keep]}
     folder = make_config(root, train_fraction=fraction)
-    paths = tf_sources.open_source(folder)._listing("train")[0]
-    kept_paths = paths[tf_sources.train_subset(tf_sources.open_source(folder), folder)]
+    paths = tfdata_sources.open_source(folder)._listing("train")[0]
+    kept_paths = paths[tfdata_sources.train_subset(tfdata_sources.open_source(folder), folder)]
     from_folder = {
       3 * int(p.rsplit("/", 1)[1][:4]) + CLASSES.index(p.rsplit("/", 2)[1]) for p in kept_paths
     }
@@ -543,23 +544,23 @@ def test_tfds_cifar_subset_follows_the_original_order(tmp_path):
 def test_real_cifar10_folder(cifar10_dir):
   config = make_config(cifar10_dir, num_classes=10, eval_batch_size=100)
   config.batch_size = 50
-  info = input_pipeline.dataset_info(config)
+  info = tfdata_pipeline.dataset_info(config)
   assert (info.num_train_examples, info.num_eval_examples, info.num_classes) == (50_000, 10_000, 10)
   assert info.class_names[0] == "airplane" and info.class_names[-1] == "truck"
-  labels = input_pipeline.split_labels(config, "train")
-  subset = sources.subset_indices(labels, 0.1)
+  labels = tfdata_pipeline.split_labels(config, "train")
+  subset = splits.subset_indices(labels, 0.1)
   np.testing.assert_array_equal(np.bincount(labels[subset]), [500] * 10)
   config.data.train_fraction = 0.1
-  assert input_pipeline.dataset_info(config).num_train_examples == 5_000
-  batch = next(input_pipeline.train_batches(config))
+  assert tfdata_pipeline.dataset_info(config).num_train_examples == 5_000
+  batch = next(tfdata_pipeline.train_batches(config))
   assert batch["image"].shape == (50, 32, 32, 3) and np.isfinite(batch["image"]).all()
   assert -3.0 < batch["image"].mean() < 3.0 and batch["image"].std() > 0.3
-  evals = next(input_pipeline.eval_batches(config))
+  evals = next(tfdata_pipeline.eval_batches(config))
   assert evals["image"].shape == (100, 32, 32, 3) and evals["mask"].all()
 
 
 # ---------------------------------------------------------------------------------------------
-# preprocess.py
+# tfdata_augment.py
 
 
 def random_image(shape=(32, 32, 3), seed=0):
@@ -572,8 +573,10 @@ def test_pad_crop_flip_is_a_shift_and_maybe_a_flip_and_stateless():
   found = set()
   for s in range(24):
     seed = tf.constant([s, 7], tf.int64)
-    out = preprocess.pad_crop_flip(tf.constant(image), seed).numpy()
-    np.testing.assert_array_equal(out, preprocess.pad_crop_flip(tf.constant(image), seed).numpy())
+    out = tfdata_augment.pad_crop_flip(tf.constant(image), seed).numpy()
+    np.testing.assert_array_equal(
+      out, tfdata_augment.pad_crop_flip(tf.constant(image), seed).numpy()
+    )
     matches = [
       (dy, dx, flip)
       for dy in range(9)
@@ -591,18 +594,21 @@ def test_pad_crop_flip_is_a_shift_and_maybe_a_flip_and_stateless():
 
 def test_train_and_eval_fns():
   config = make_config(augment="cifar")
-  train_fn = preprocess.make_train_fn(config)
+  train_fn = tfdata_augment.make_train_fn(config)
   image = tf.constant(random_image())
-  seed = preprocess.example_seed(0, 3, 11)
+  seed = tfdata_augment.example_seed(0, 3, 11)
   out = train_fn(image, seed).numpy()
   assert out.shape == (32, 32, 3) and out.dtype == np.float32
   np.testing.assert_array_equal(out, train_fn(image, seed).numpy())
-  assert not np.array_equal(out, train_fn(image, preprocess.example_seed(0, 4, 11)).numpy())
-  evaluated = preprocess.make_eval_fn(config)(image).numpy()
+  assert not np.array_equal(out, train_fn(image, tfdata_augment.example_seed(0, 4, 11)).numpy())
+  evaluated = tfdata_augment.make_eval_fn(config)(image).numpy()
   np.testing.assert_allclose(evaluated * STD + np.array(MEAN), random_image() / 255.0, atol=1e-6)
 
   seeds = {
-    tuple(preprocess.example_seed(s, e, i).numpy()) for s in (0, 1) for e in (0, 1) for i in (0, 1)
+    tuple(tfdata_augment.example_seed(s, e, i).numpy())
+    for s in (0, 1)
+    for e in (0, 1)
+    for i in (0, 1)
   }
   assert len(seeds) == 8
 
@@ -613,14 +619,14 @@ def test_imagenet_ops():
   image = tf.constant(random_image((40, 60, 3)))
   for s in range(5):
     seed = tf.constant([s, 0], tf.int64)
-    top, left, h, w = (int(v) for v in preprocess.random_resized_crop_box(40, 60, seed))
+    top, left, h, w = (int(v) for v in tfdata_augment.random_resized_crop_box(40, 60, seed))
     assert 0.6 * 2400 - 60 <= h * w <= 2400 and 0 <= top <= 40 - h and 0 <= left <= 60 - w
     assert 3 / 4 - 0.1 <= w / h <= 4 / 3 + 0.1
-    out = preprocess.make_train_fn(config)(image, seed).numpy()
+    out = tfdata_augment.make_train_fn(config)(image, seed).numpy()
     assert out.shape == (24, 24, 3)
   # Eval: short side 40 -> round(24 * 256 / 224) = 27, long side int(27 * 60 / 40) = 40, crop 24.
   ramp = np.broadcast_to(np.arange(60, dtype=np.uint8)[None, :, None] * 4, (40, 60, 3))
-  out = preprocess.resize_short_centre_crop(tf.constant(ramp), 24).numpy()
+  out = tfdata_augment.resize_short_centre_crop(tf.constant(ramp), 24).numpy()
   assert out.shape == (24, 24, 3)
   assert abs(out[:, 12, 0].mean() - 30 * 4 / 255) < 3 / 255  # The centre column is the centre.
   assert np.all(np.diff(out[0, :, 0]) > 0)

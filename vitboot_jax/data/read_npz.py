@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 
 from vitboot_jax import errors, files
-from vitboot_jax.data import sources
+from vitboot_jax.data import splits
 
 NPZ_LAYOUT = (
   "DIR/{split}.npz with 'images' uint8 [N, H, W, 3] and 'labels' int [N] (pack one with "
@@ -32,7 +32,7 @@ def check_npz_dir(config: ml_collections.ConfigDict) -> None:
       where = "is not set" if not root else f"has no {split}.npz"
       raise errors.DataError(
         f"config.data.dir={root!r} {where} (config.data.name='npz', config.data."
-        f"{sources.split_field(split, config.data.train_split)}={split!r}); an npz dataset is "
+        f"{splits.split_field(split, config.data.train_split)}={split!r}); an npz dataset is "
         + NPZ_LAYOUT.format(split=split)
       )
 
@@ -46,7 +46,7 @@ def read_npz(root: str | None, split: str, train_split: str = "train") -> dict[s
   if not root or not os.path.isfile(path):
     raise errors.DataError(
       f"config.data.dir={root!r} has no {split}.npz (config.data."
-      f"{sources.split_field(split, train_split)}={split!r}); an npz dataset is "
+      f"{splits.split_field(split, train_split)}={split!r}); an npz dataset is "
       + NPZ_LAYOUT.format(split=split)
     )
   key = (path, os.stat(path).st_mtime_ns)
@@ -114,8 +114,8 @@ def npz_arrays(
   and `subset` as folders.folder_arrays'."""
   arrays = read_npz(config.data.dir, split, config.data.train_split)
   labels = arrays["labels"]
-  sources.check_labels(labels, config.data.num_classes, npz_path(config.data.dir, split))
+  splits.check_labels(labels, config.data.num_classes, npz_path(config.data.dir, split))
   index = np.arange(len(labels), dtype=np.int64)
   if subset:
-    index = sources.subset_indices(labels, config.data.train_fraction, arrays.get("file_names"))
+    index = splits.subset_indices(labels, config.data.train_fraction, arrays.get("file_names"))
   return arrays["images"][index], labels[index], index

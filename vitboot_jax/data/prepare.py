@@ -22,7 +22,7 @@ import ml_collections
 from absl import logging
 
 from vitboot_jax import errors, quiet
-from vitboot_jax.data import npz
+from vitboot_jax.data import read_npz
 
 PREPARE_COMMAND = "python -m vitboot_jax.tools.prepare_data {name} --data_dir={data_dir}"
 FOLDER_FLAGS = "--config.data.name=folder --config.data.dir=ROOT"
@@ -41,7 +41,7 @@ def ensure(config: ml_collections.ConfigDict, *, may_download: bool) -> None:
     _check_folder(config)
     return
   if config.data.name == "npz":
-    npz.check_npz_dir(config)
+    read_npz.check_npz_dir(config)
     return
   _check_not_a_folder(config)
   builder = tfds_builder(config.data.name, config.data.dir)

@@ -7,12 +7,12 @@ per-channel normalisation. Images that arrive as floats were finished on the hos
 through unchanged.
 
 With config.data.pipeline="device" the augmentation runs here too (`make_augment`), with the
-distributions of preprocess.py drawn from jax.random instead of TensorFlow's stateless ops: the
-CIFAR pad-4 random crop and horizontal flip (preprocess.pad_crop_flip) on uint8 images, and the
-ImageNet random-resized-crop and flip (preprocess.random_resized_crop_flip) to normalised floats
+distributions of tfdata_augment.py drawn from jax.random instead of TensorFlow's stateless ops: the
+CIFAR pad-4 random crop and horizontal flip (tfdata_augment.pad_crop_flip) on uint8 images, and the
+ImageNet random-resized-crop and flip (tfdata_augment.random_resized_crop_flip) to normalised floats
 at config.image_size, each crop resized by two small matrices (no gather: one shape for every
 box). Its evaluation images, uint8 at their stored size, get the recipe's eval transform here
-(preprocess.resize_short_centre_crop).
+(tfdata_augment.resize_short_centre_crop).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import ml_collections
 from vitboot_jax import configlib
 
 # Separate seed streams, so the shuffle order and the augmentations never reuse the same numbers;
-# these and the recipes' augmentation constants serve both pipelines (preprocess.py imports them).
+# these and the recipes' augmentation constants serve both pipelines (tfdata_augment imports them).
 SHUFFLE_STREAM = 0
 AUGMENT_STREAM = 1
 CIFAR_PAD = 4
@@ -37,7 +37,7 @@ IMAGENET_ATTEMPTS = 10  # torchvision's RandomResizedCrop tries 10 boxes before 
 
 
 def _resize(x: jax.Array, height: int, width: int) -> jax.Array:
-  """preprocess.resize of float [B, H, W, C]: bilinear, antialiased when shrinking."""
+  """tfdata_augment.resize of float [B, H, W, C]: bilinear, antialiased when shrinking."""
   if x.shape[1:3] == (height, width):
     return x
   shrink = x.shape[1] > height or x.shape[2] > width  # Static: a Python decision per shape.
@@ -60,7 +60,7 @@ def make_prepare(config: ml_collections.ConfigDict) -> Callable[[jax.Array], jax
     x = images.astype(jnp.float32) / 255.0
     if config.data.augment != "imagenet":
       return _normalise(config, _resize(x, size, size))
-    # preprocess.resize_short_centre_crop, its sizes static: every stored image has one shape.
+    # tfdata_augment.resize_short_centre_crop, its sizes static: every stored image has one shape.
     height, width = x.shape[1:3]
     short_target = round(size * 256 / 224)
     long_target = math.floor(short_target * max(height, width) / min(height, width))
@@ -74,7 +74,7 @@ def make_prepare(config: ml_collections.ConfigDict) -> Callable[[jax.Array], jax
 
 def pad_crop_flip(image: jax.Array, key: jax.Array, pad: int = CIFAR_PAD) -> jax.Array:
   """The CIFAR augmentation of one uint8 [H, W, 3] image: zero-pad `pad`, random crop back to
-  [H, W], random horizontal flip (preprocess.pad_crop_flip's distribution)."""
+  [H, W], random horizontal flip (tfdata_augment.pad_crop_flip's distribution)."""
   crop_key, flip_key = jax.random.split(key)
   height, width, channels = image.shape
   top, left = jax.random.randint(crop_key, [2], 0, 2 * pad + 1)
@@ -90,7 +90,7 @@ def random_resized_crop_box(
   scale: tuple[float, float] = IMAGENET_SCALE,
   ratio: tuple[float, float] = IMAGENET_RATIO,
 ) -> jax.Array:
-  """int32 [top, left, crop_height, crop_width] as preprocess.random_resized_crop_box: the first
+  """int32 [top, left, crop_height, crop_width] as tfdata_augment.random_resized_crop_box: the first
   of 10 boxes (area ~ U(scale) * H * W, log aspect ~ U(log ratio)) that fits, else the centre
   crop with the aspect ratio clamped into `ratio`."""
   area_key, ratio_key, top_key, left_key = jax.random.split(key, 4)
@@ -135,7 +135,7 @@ def crop_resize_weights(start: jax.Array, length: jax.Array, size: int, stored: 
 
 def resized_crop(image: jax.Array, box: jax.Array, size: int, flip: jax.Array) -> jax.Array:
   """float [0, 1] [size, size, C] of uint8 `image`'s crop `box` (top, left, height, width),
-  resized as preprocess.resize and mirrored left-right where `flip`."""
+  resized as tfdata_augment.resize and mirrored left-right where `flip`."""
   top, left, crop_h, crop_w = box[0], box[1], box[2], box[3]
   rows = crop_resize_weights(top, crop_h, size, image.shape[0])
   cols = crop_resize_weights(left, crop_w, size, image.shape[1])
@@ -148,7 +148,7 @@ def resized_crop(image: jax.Array, box: jax.Array, size: int, flip: jax.Array) -
 
 def random_resized_crop_flip(image: jax.Array, key: jax.Array, size: int) -> jax.Array:
   """The ImageNet train augmentation of one uint8 [H, W, 3] image -> float [0, 1] [size, size,
-  3] (preprocess.random_resized_crop_flip's distribution)."""
+  3] (tfdata_augment.random_resized_crop_flip's distribution)."""
   box_key, flip_key = jax.random.split(key)
   box = random_resized_crop_box(box_key, image.shape[0], image.shape[1])
   return resized_crop(image, box, size, jax.random.bernoulli(flip_key))

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import ml_collections
 
 from vitboot_jax import configlib, quiet
-from vitboot_jax.data.device_preprocess import (  # One definition for both pipelines.
+from vitboot_jax.data.step_preprocess import (  # One definition for both pipelines.
   AUGMENT_STREAM,
   CIFAR_PAD,
   IMAGENET_ATTEMPTS,

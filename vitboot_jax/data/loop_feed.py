@@ -5,7 +5,7 @@
 `start_step` on, `eval_batches()`: one evaluation's global batches, and `check_eval_split()`:
 a bad test image fails before training. With config.data.pipeline="tfdata" the input is the next
 host batch split over the mesh (n == 1) or the next n stacked [n, B, ...]; with "device" it is the
-same on-device dataset every call (device_data.feeding makes each batch inside the step), and
+same on-device dataset every call (device_pipeline.feeding makes each batch inside the step), and
 every image was decoded and checked as it was loaded. Only the tf.data feed imports TensorFlow.
 """
 
@@ -18,20 +18,20 @@ import jax
 import ml_collections
 
 from vitboot_jax import sharding
-from vitboot_jax.data.sources import DatasetInfo
+from vitboot_jax.data.splits import DatasetInfo
 
 
 class TfDataFeed:
-  """Batches from input_pipeline (tf.data on the host), transferred every step."""
+  """Batches from tfdata_pipeline (tf.data on the host), transferred every step."""
 
   on_device = False
 
   def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
-    from vitboot_jax.data import input_pipeline
+    from vitboot_jax.data import tfdata_pipeline
 
-    self._pipeline, self._config, self._mesh = input_pipeline, config, mesh
-    self.info: DatasetInfo = input_pipeline.dataset_info(config)
-    self._eval_dataset = input_pipeline.eval_dataset(config)  # Built once: it caches images.
+    self._pipeline, self._config, self._mesh = tfdata_pipeline, config, mesh
+    self.info: DatasetInfo = tfdata_pipeline.dataset_info(config)
+    self._eval_dataset = tfdata_pipeline.eval_dataset(config)  # Built once: it caches images.
 
   def train(self, start_step: int) -> Callable[[int], dict[str, jax.Array]]:
     batches = self._pipeline.train_batches(self._config, start_step=start_step)
@@ -50,21 +50,21 @@ class TfDataFeed:
     return (sharding.global_batch(b, self._mesh) for b in local)
 
   def check_eval_split(self) -> None:
-    """Fails now on a bad test image (undecodable.check_split), not at the first evaluation."""
-    from vitboot_jax.data import undecodable
+    """Fails now on a bad test image (tfdata_undecodable.check_split), not at the first eval."""
+    from vitboot_jax.data import tfdata_undecodable
 
-    undecodable.check_split(self._config, self._config.data.eval_split)
+    tfdata_undecodable.check_split(self._config, self._config.data.eval_split)
 
 
 class DeviceFeed:
-  """The dataset on the devices (device_data.py): nothing is transferred after start-up."""
+  """The dataset on the devices (device_pipeline.py): nothing is transferred after start-up."""
 
   on_device = True
 
   def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
-    from vitboot_jax.data import device_data
+    from vitboot_jax.data import device_pipeline
 
-    self._dataset = device_data.DeviceDataset(config, mesh)
+    self._dataset = device_pipeline.DeviceDataset(config, mesh)
     self.info: DatasetInfo = self._dataset.info
 
   def train(self, start_step: int) -> Callable[[int], Any]:

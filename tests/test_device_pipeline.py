@@ -17,7 +17,13 @@ from tests.runs import env as _env
 from tests.runs import metrics as _metrics
 from tests.runs import train_losses as _train_losses
 from vitboot_jax import configlib, errors, sharding
-from vitboot_jax.data import device_data, device_preprocess, npz, record, sources
+from vitboot_jax.data import (
+  device_pipeline,
+  read_npz,
+  splits,
+  step_preprocess,
+  workdir_record,
+)
 from vitboot_jax.tools import prepare_data
 
 
@@ -28,7 +34,7 @@ def _write_npz(root, n_train=160, n_test=40, size=32, seed=0):
     labels = np.repeat(np.arange(10), n // 10)
     colour = np.stack([labels * 20, 255 - labels * 20, np.full(n, 100)], -1)[:, None, None, :]
     images = np.clip(rng.integers(0, 60, (n, size, size, 3)) + colour, 0, 255).astype(np.uint8)
-    npz.write_npz(str(root / f"{split}.npz"), images, labels)
+    read_npz.write_npz(str(root / f"{split}.npz"), images, labels)
   return root
 
 
@@ -61,32 +67,32 @@ def test_npz_errors_name_the_key_dtype_and_shape(tmp_path):
   for name, (arrays, expected) in cases.items():
     np.savez(tmp_path / f"{name}.npz", **arrays)
     with pytest.raises(errors.DataError, match="must|not") as info:
-      npz.read_npz(str(tmp_path), name)
+      read_npz.read_npz(str(tmp_path), name)
     assert expected in str(info.value) and f"{name}.npz" in str(info.value), str(info.value)
   with pytest.raises(errors.DataError, match="has no missing.npz"):
-    npz.read_npz(str(tmp_path), "missing")
+    read_npz.read_npz(str(tmp_path), "missing")
 
 
 def test_subset_and_order_are_the_tfdata_pipelines(npz_dir):
-  from vitboot_jax.data import input_pipeline, tf_sources
+  from vitboot_jax.data import tfdata_pipeline, tfdata_sources
 
   config = _config(npz_dir, train_fraction=0.5)
-  images, labels, index = device_data.read_split(config, "train", subset=True)
-  all_labels = npz.read_npz(str(npz_dir), "train")["labels"]
-  want = sources.subset_indices(all_labels, 0.5)
+  images, labels, index = device_pipeline.read_split(config, "train", subset=True)
+  all_labels = read_npz.read_npz(str(npz_dir), "train")["labels"]
+  want = splits.subset_indices(all_labels, 0.5)
   np.testing.assert_array_equal(index, want)
   np.testing.assert_array_equal(labels, all_labels[want])
   # The tf.data pipeline reads the same files and selects the same examples.
-  assert input_pipeline.dataset_info(config).num_train_examples == len(want) == 80
-  ex = list(tf_sources.open_source(config).examples("train", want).as_numpy_iterator())
+  assert tfdata_pipeline.dataset_info(config).num_train_examples == len(want) == 80
+  ex = list(tfdata_sources.open_source(config).examples("train", want).as_numpy_iterator())
   np.testing.assert_array_equal([e["index"] for e in ex], want)
   np.testing.assert_array_equal(np.stack([e["ref"] for e in ex]), images)
 
 
 def _place(config, mesh):
-  dataset = device_data.DeviceDataset(config, mesh)
+  dataset = device_pipeline.DeviceDataset(config, mesh)
   return dataset, jax.jit(
-    lambda data, step: device_data.batch_at(
+    lambda data, step: device_pipeline.batch_at(
       config, data, step, dataset.info.steps_per_epoch, sharding.batch_sharded(mesh)
     )
   )
@@ -98,7 +104,7 @@ def test_batches_are_a_function_of_the_step(npz_dir):
   dataset, batch_at = _place(config, mesh)
   steps = dataset.info.steps_per_epoch
   assert steps == 5  # 80 examples, batch 16.
-  arrays = device_data.read_split(config, "train", subset=True)
+  arrays = device_pipeline.read_split(config, "train", subset=True)
   lookup = {arr.tobytes(): i for i, arr in enumerate(arrays[0])}
   epochs = []
   for epoch in range(2):
@@ -130,12 +136,12 @@ def test_augmentation_is_keyed_by_seed_epoch_and_index(npz_dir):
     np.testing.assert_array_equal(got["label"], plain["label"])
     # Each crop is pad_crop_flip of its source image under the key of (seed, epoch, index).
     epoch = step // steps
-    key = device_data.stream_key(config.seed, device_preprocess.AUGMENT_STREAM, epoch)
+    key = device_pipeline.stream_key(config.seed, step_preprocess.AUGMENT_STREAM, epoch)
     index = np.asarray(jax.device_get(dataset.train["index"]))
     lookup = {im.tobytes(): i for i, im in enumerate(jax.device_get(dataset.train["image"]))}
     rows = [lookup[image.tobytes()] for image in plain["image"]]
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(index[rows]))
-    want = jax.jit(jax.vmap(device_preprocess.pad_crop_flip))(jnp.asarray(plain["image"]), keys)
+    want = jax.jit(jax.vmap(step_preprocess.pad_crop_flip))(jnp.asarray(plain["image"]), keys)
     np.testing.assert_array_equal(got["image"], np.asarray(want))
     assert (got["image"] != plain["image"]).any()
 
@@ -173,19 +179,23 @@ def _chi2_same(a, b):
 def test_crop_offsets_and_flips_match_the_tfdata_distribution():
   import tensorflow as tf
 
-  from vitboot_jax.data import preprocess
+  from vitboot_jax.data import tfdata_augment
 
   draws = 4000
   image = _coordinate_image()
   tf_crops = next(
     tf.data.Dataset.range(draws)
-    .map(lambda i: preprocess.pad_crop_flip(tf.constant(image), preprocess.example_seed(0, 0, i)))
+    .map(
+      lambda i: tfdata_augment.pad_crop_flip(
+        tf.constant(image), tfdata_augment.example_seed(0, 0, i)
+      )
+    )
     .batch(draws)
     .as_numpy_iterator()
   )
   keys = jax.random.split(jax.random.key(1), draws)
   batch = jnp.broadcast_to(jnp.asarray(image), (draws, *image.shape))
-  jax_crops = np.asarray(jax.jit(device_preprocess.make_augment(_cifar()))(batch, keys))
+  jax_crops = np.asarray(jax.jit(step_preprocess.make_augment(_cifar()))(batch, keys))
   tf_draws, jax_draws = _recover(tf_crops), _recover(jax_crops)
   # Recovery is exact: the crop of the recovered offsets is the crop.
   padded = np.pad(image, [(4, 4), (4, 4), (0, 0)])
@@ -202,7 +212,7 @@ def test_crop_offsets_and_flips_match_the_tfdata_distribution():
     assert stats.chisquare(np.bincount(offsets, minlength=81)).pvalue > 1e-3
     assert 0.45 < np.mean([d[2] for d in draws_]) < 0.55
   # The test can fail: a 3-pixel pad is told apart from the tf.data 4-pixel one.
-  narrow = jax.jit(jax.vmap(lambda im, k: device_preprocess.pad_crop_flip(im, k, pad=3)))
+  narrow = jax.jit(jax.vmap(lambda im, k: step_preprocess.pad_crop_flip(im, k, pad=3)))
   narrow_draws = [(t + 1, left + 1, f) for t, left, f in _recover(narrow(batch, keys), pad=3)]
   assert _chi2_same(tf_draws, narrow_draws) < 1e-6
 
@@ -214,9 +224,9 @@ def _cifar():
 
 
 def test_too_large_a_dataset_fails_before_training(npz_dir, monkeypatch):
-  monkeypatch.setattr(device_data, "free_bytes", lambda device: 100_000)
+  monkeypatch.setattr(device_pipeline, "free_bytes", lambda device: 100_000)
   with pytest.raises(errors.DataError) as info:
-    device_data.DeviceDataset(_config(npz_dir), sharding.make_mesh())
+    device_pipeline.DeviceDataset(_config(npz_dir), sharding.make_mesh())
   message = str(info.value)
   assert "160 train + 40 eval images" in message and "pipeline=tfdata" in message
   assert "GiB free" in message and "\n" not in message
@@ -226,7 +236,7 @@ def test_a_wrong_stored_size_is_named_as_the_arrays_load(npz_dir):
   config = _config(npz_dir, stored_size=28)  # Below image_size: the steps would resize from 28.
   config.image_size = 64
   with pytest.raises(errors.ConfigError) as info:
-    device_data.DeviceDataset(config, sharding.make_mesh())
+    device_pipeline.DeviceDataset(config, sharding.make_mesh())
   message = str(info.value)
   assert f"{npz_dir / 'train.npz'} are 32x32, not 28x28" in message and "\n" not in message
   assert "stored_size=0" in message
@@ -251,16 +261,16 @@ def test_imagenet_batches_are_random_resized_crops_keyed_by_seed_epoch_and_index
   plain = jax.device_get(raw_batch_at(dataset.train, step))
   assert got["image"].dtype == np.float32 and got["image"].shape == (16, 24, 24, 3)
   np.testing.assert_array_equal(got["label"], plain["label"])
-  key = device_data.stream_key(config.seed, device_preprocess.AUGMENT_STREAM, 1)
+  key = device_pipeline.stream_key(config.seed, step_preprocess.AUGMENT_STREAM, 1)
   lookup = {im.tobytes(): i for i, im in enumerate(jax.device_get(dataset.train["image"]))}
   index = np.asarray(jax.device_get(dataset.train["index"]))
   rows = [lookup[image.tobytes()] for image in plain["image"]]
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.asarray(index[rows]))
-  want = jax.jit(device_preprocess.make_augment(config))(jnp.asarray(plain["image"]), keys)
+  want = jax.jit(step_preprocess.make_augment(config))(jnp.asarray(plain["image"]), keys)
   np.testing.assert_allclose(got["image"], np.asarray(want), rtol=0, atol=1e-5)
   # Evaluation: the recipe's resize and centre crop, on the devices.
   batch = next(dataset.eval_batches())
-  images = jax.jit(device_preprocess.make_prepare(config))(batch["image"])
+  images = jax.jit(step_preprocess.make_prepare(config))(batch["image"])
   assert batch["image"].dtype == jnp.uint8 and images.shape == (
     config.data.eval_batch_size,
     24,
@@ -281,18 +291,18 @@ def test_data_record_and_test_split_check_need_no_tensorflow(image_folder, npz_d
     "import json\n"
     "from tests.config_files import load_config\n"
     "from vitboot_jax import errors\n"
-    "from vitboot_jax.data import device_data, record, sources\n"
+    "from vitboot_jax.data import device_pipeline, splits, workdir_record\n"
     f"config = load_config({TINY!r})\n"
     f"config.data.update(name='folder', dir={str(folder)!r}, pipeline='device')\n"
-    "info = sources.DatasetInfo(160, 40, 10, 10, tuple(f'class{c}' for c in range(10)))\n"
-    "records = [record.data_fingerprint(config, info)]\n"
+    "info = splits.DatasetInfo(160, 40, 10, 10, tuple(f'class{c}' for c in range(10)))\n"
+    "records = [workdir_record.data_fingerprint(config, info)]\n"
     "try:\n"
-    "  device_data.read_split(config, 'test', subset=False)\n"
+    "  device_pipeline.read_split(config, 'test', subset=False)\n"
     "  message = None\n"
     "except errors.UsageError as error:\n"
     "  message = str(error)\n"
     f"config.data.update(name='npz', dir={str(npz_dir)!r})\n"
-    "records.append(record.data_fingerprint(config, info))\n"
+    "records.append(workdir_record.data_fingerprint(config, info))\n"
     "print(json.dumps([records, message, 'tensorflow' in sys.modules]))\n"
   )
   proc = without_tensorflow.run(code)
@@ -309,14 +319,16 @@ def test_data_record_and_test_split_check_need_no_tensorflow(image_folder, npz_d
 def test_a_changed_npz_of_the_same_size_is_another_dataset(tmp_path):
   root = _write_npz(tmp_path / "data")
   config = _config(root)
-  info = sources.DatasetInfo(160, 40, 10, 10, tuple(str(c) for c in range(10)))
-  before = record.data_fingerprint(config, info)
+  info = splits.DatasetInfo(160, 40, 10, 10, tuple(str(c) for c in range(10)))
+  before = workdir_record.data_fingerprint(config, info)
   arrays = dict(np.load(root / "test.npz"))
-  npz.write_npz(str(root / "test.npz"), arrays["images"], arrays["labels"])
-  assert record.data_fingerprint(config, info) == before  # Same arrays, new file: same data.
+  read_npz.write_npz(str(root / "test.npz"), arrays["images"], arrays["labels"])
+  assert (
+    workdir_record.data_fingerprint(config, info) == before
+  )  # Same arrays, new file: same data.
   arrays["images"][0, 0, 0, 0] ^= 1
-  npz.write_npz(str(root / "test.npz"), arrays["images"], arrays["labels"])
-  after = record.data_fingerprint(config, info)
+  read_npz.write_npz(str(root / "test.npz"), arrays["images"], arrays["labels"])
+  after = workdir_record.data_fingerprint(config, info)
   assert after["splits"]["train"] == before["splits"]["train"]
   assert after["splits"]["test"]["arrays_sha256"] != before["splits"]["test"]["arrays_sha256"]
 
@@ -324,7 +336,7 @@ def test_a_changed_npz_of_the_same_size_is_another_dataset(tmp_path):
 def test_pack_npz_from_an_image_folder(image_folder, tmp_path):
   out = tmp_path / "packed"
   prepare_data.pack_npz("folder", str(image_folder), str(out))
-  arrays = npz.read_npz(str(out), "train")
+  arrays = read_npz.read_npz(str(out), "train")
   assert arrays["images"].shape == (160, 32, 32, 3) and arrays["labels"].tolist()[:17] == [
     0
   ] * 16 + [1]

@@ -4,9 +4,9 @@ The training stream is a pure function of (config, step): epoch e is a shuffle o
 training examples seeded by (config.seed, e), identical on every process; every global batch is
 split into contiguous per-process blocks (process p gets rows [p*L, (p+1)*L)), so concatenating
 the processes' batches in process order gives exactly the batch a single-process run sees; each
-example's augmentation is keyed by (config.seed, e, example index) (see preprocess.py). Resuming at
-step k skips whole epochs arithmetically and only the first k mod steps_per_epoch batches of the
-current epoch, before any image is decoded.
+example's augmentation is keyed by (config.seed, e, example index) (see tfdata_augment.py).
+Resuming at step k skips whole epochs arithmetically and only the first k mod steps_per_epoch
+batches of the current epoch, before any image is decoded.
 
 Evaluation sees every example once: process p reads a contiguous range of the split and pads with
 masked examples, and every process yields the same number of batches so collectives line up.
@@ -32,8 +32,14 @@ import ml_collections
 import numpy as np
 
 from vitboot_jax import configlib, errors
-from vitboot_jax.data import device_preprocess, preprocess, sources, tf_sources, undecodable
-from vitboot_jax.data.tf_sources import AUTOTUNE, tf
+from vitboot_jax.data import (
+  splits,
+  step_preprocess,
+  tfdata_augment,
+  tfdata_sources,
+  tfdata_undecodable,
+)
+from vitboot_jax.data.tfdata_sources import AUTOTUNE, tf
 
 
 def _processes(process_index: int | None, process_count: int | None) -> tuple[int, int]:
@@ -62,20 +68,20 @@ def _options(*, autotune: bool = True) -> tf.data.Options:
 
 def split_labels(config: ml_collections.ConfigDict, split: str) -> np.ndarray:
   """Labels of a split in canonical order, read without decoding any image."""
-  return tf_sources.open_source(config).labels(split)
+  return tfdata_sources.open_source(config).labels(split)
 
 
-def dataset_info(config: ml_collections.ConfigDict) -> sources.DatasetInfo:
-  source = tf_sources.open_source(config)
+def dataset_info(config: ml_collections.ConfigDict) -> splits.DatasetInfo:
+  source = tfdata_sources.open_source(config)
   if config.data.train_fraction == 1.0:
     num_train = source.count(config.data.train_split)
   else:
-    num_train = len(tf_sources.train_subset(source, config))
-  return sources.DatasetInfo(
+    num_train = len(tfdata_sources.train_subset(source, config))
+  return splits.DatasetInfo(
     num_train_examples=num_train,
     num_eval_examples=source.count(config.data.eval_split),
     num_classes=len(source.class_names),
-    steps_per_epoch=sources.steps_per_epoch(config, num_train),
+    steps_per_epoch=splits.steps_per_epoch(config, num_train),
     class_names=source.class_names,
   )
 
@@ -93,16 +99,16 @@ def train_dataset(
   glob = config.batch_size
   if start_step < 0:
     raise ValueError(f"start_step={start_step} must be >= 0")
-  source = tf_sources.open_source(config)
+  source = tfdata_sources.open_source(config)
   split = config.data.train_split
   if config.data.train_fraction == 1.0:
     num = source.count(split)
     base = source.examples(split)
   else:
-    keep = tf_sources.train_subset(source, config)
+    keep = tfdata_sources.train_subset(source, config)
     num = len(keep)
     base = source.examples(split, keep)
-  steps = sources.steps_per_epoch(config, num)
+  steps = splits.steps_per_epoch(config, num)
   start_epoch, skip_steps = divmod(start_step, steps)
 
   fetch = source.fetch
@@ -116,7 +122,7 @@ def train_dataset(
 
   def epoch(e: tf.Tensor) -> tf.data.Dataset:
     shuffle_seed = tf.random.stateless_uniform(
-      [], preprocess.stream_key(seed, device_preprocess.SHUFFLE_STREAM, e), None, None, tf.int64
+      [], tfdata_augment.stream_key(seed, step_preprocess.SHUFFLE_STREAM, e), None, None, tf.int64
     )
     ds = base.shuffle(buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
     skip = tf.where(tf.equal(e, start_epoch), tf.constant(skip_steps * glob, tf.int64), 0)
@@ -124,11 +130,11 @@ def train_dataset(
     ds = ds.enumerate().filter(lambda j, ex: (j % glob) // local == p)
     return ds.map(lambda j, ex: {**ex, "epoch": e})
 
-  train_fn = preprocess.make_train_fn(config)
+  train_fn = tfdata_augment.make_train_fn(config)
 
   def augment(ex: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     image = ex["ref"] if decoded else fetch(ex["ref"])
-    image = train_fn(image, preprocess.example_seed(seed, ex["epoch"], ex["index"]))
+    image = train_fn(image, tfdata_augment.example_seed(seed, ex["epoch"], ex["index"]))
     return {"image": image, "label": tf.cast(ex["label"], tf.int32)}
 
   ds = tf.data.Dataset.counter(start_epoch).flat_map(epoch)
@@ -165,13 +171,13 @@ def eval_dataset(
   """This process's share of the eval split, padded with masked examples (see eval_batches)."""
   p, num_p = _processes(process_index, process_count)
   local = _local_batch(config.data.eval_batch_size, num_p, "data.eval_batch_size")
-  source = tf_sources.open_source(config)
+  source = tfdata_sources.open_source(config)
   split = config.data.eval_split
   num = source.count(split)
   start, stop = num * p // num_p, num * (p + 1) // num_p
   largest_share = -(-num // num_p)
   num_batches = max(1, -(-largest_share // local))
-  eval_fn = preprocess.make_eval_fn(config)
+  eval_fn = tfdata_augment.make_eval_fn(config)
   fetch = source.fetch
   size = int(config.image_size)
 
@@ -229,9 +235,9 @@ def numpy_batches(
   try:
     yield from ds.as_numpy_iterator()
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, tf.errors.NotFoundError) as e:
-    message = undecodable.find_unreadable(config, split, e)
+    message = tfdata_undecodable.find_unreadable(config, split, e)
     if message is None and "config.data.stored_size" in str(e):
-      raise errors.ConfigError(undecodable.wrong_size_message(config, split, e)) from None
+      raise errors.ConfigError(tfdata_undecodable.wrong_size_message(config, split, e)) from None
     if message is None:  # Every file decodes: the failure is not about a file.
       raise
-    raise sources.UnreadableImageError(message) from None
+    raise splits.UnreadableImageError(message) from None

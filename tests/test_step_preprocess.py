@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from vitboot_jax import configlib, errors, evaluate, kernel_sets, optim, steps
-from vitboot_jax.data import device_preprocess, input_pipeline, preprocess
+from vitboot_jax.data import step_preprocess, tfdata_augment, tfdata_pipeline
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 
@@ -45,16 +45,16 @@ def test_shipped_crops_resize_on_device_as_on_the_host(noisy_folder):
   device = make_config(noisy_folder, stored_size=32)
   host = make_config(noisy_folder, stored_size=0)
   assert configlib.device_resize_from(device) == 32 and not configlib.device_resize_from(host)
-  prepare = jax.jit(device_preprocess.make_prepare(device))
-  shipped = next(input_pipeline.train_batches(device))
-  want = next(input_pipeline.train_batches(host))
+  prepare = jax.jit(step_preprocess.make_prepare(device))
+  shipped = next(tfdata_pipeline.train_batches(device))
+  want = next(tfdata_pipeline.train_batches(host))
   assert shipped["image"].dtype == np.uint8 and shipped["image"].shape == (4, 32, 32, 3)
   assert shipped["image"].nbytes // 4 == 3072
   assert want["image"].dtype == np.float32 and want["image"].shape == (4, 224, 224, 3)
   np.testing.assert_array_equal(shipped["label"], want["label"])
   np.testing.assert_allclose(prepare(shipped["image"]), want["image"], rtol=0, atol=1e-5)
   # Eval: the same on real examples (padding rows are masked out either way).
-  (shipped,), (want,) = (list(input_pipeline.eval_batches(c)) for c in (device, host))
+  (shipped,), (want,) = (list(tfdata_pipeline.eval_batches(c)) for c in (device, host))
   assert shipped["image"].dtype == np.uint8
   np.testing.assert_array_equal(shipped["mask"], want["mask"])
   real = want["mask"] > 0
@@ -67,14 +67,14 @@ def test_float_images_pass_through_and_no_upscale_ships_floats(noisy_folder):
   config = make_config(noisy_folder, stored_size=32, image_size=32)
   assert configlib.device_resize_from(config) == 0  # Nothing to upscale: the host finishes it.
   images = jnp.ones((2, 32, 32, 3))
-  assert device_preprocess.make_prepare(config)(images) is images
-  assert device_preprocess.shipped_image(config) == ((32, 32, 3), jnp.float32)
+  assert step_preprocess.make_prepare(config)(images) is images
+  assert step_preprocess.shipped_image(config) == ((32, 32, 3), jnp.float32)
 
 
 def test_wrong_stored_size_fails_naming_the_field(noisy_folder):
   config = make_config(noisy_folder, stored_size=28)
   with pytest.raises(errors.ConfigError, match="config.data.stored_size=28"):
-    next(input_pipeline.train_batches(config))
+    next(tfdata_pipeline.train_batches(config))
 
 
 def test_steps_take_uint8_batches():
@@ -87,7 +87,7 @@ def test_steps_take_uint8_batches():
   models = build_models(config, kernel_sets.for_config(config))
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
   state = jax.eval_shape(lambda: create_state(models, tx, jax.random.key(0), (64, 64, 3)))
-  shape, dtype = device_preprocess.shipped_image(config)
+  shape, dtype = step_preprocess.shipped_image(config)
   assert (shape, dtype) == ((32, 32, 3), jnp.uint8)
   batch = {
     "image": jax.ShapeDtypeStruct((4, *shape), dtype),
@@ -96,7 +96,7 @@ def test_steps_take_uint8_batches():
   step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=4)
   new_state, metrics = jax.eval_shape(step, state, batch)
   assert metrics["train/loss_vit"].shape == ()
-  eval_step = evaluate.make_eval_step(models, device_preprocess.make_prepare(config))
+  eval_step = evaluate.make_eval_step(models, step_preprocess.make_prepare(config))
   mask = {"mask": jax.ShapeDtypeStruct((4,), jnp.float32)}
   sums = jax.eval_shape(eval_step, state.params, state.batch_stats, {**batch, **mask})
   assert sums["vit"]["top1"].shape == ()
@@ -119,24 +119,24 @@ def test_benchmark_input_reports_the_shipped_stream(noisy_folder):
 def test_resized_crops_are_the_hosts_crop_then_resize():
   """Every kind of box: shrink, enlarge, one of each, the whole image; mirrored or not."""
   image = np.random.default_rng(1).integers(0, 256, (40, 48, 3), dtype=np.uint8)
-  crop = jax.jit(device_preprocess.resized_crop, static_argnums=2)
+  crop = jax.jit(step_preprocess.resized_crop, static_argnums=2)
   boxes = [((3, 5, 30, 20), 16), ((0, 0, 40, 48), 64), ((10, 7, 12, 30), 24), ((1, 2, 8, 6), 32)]
   for box, size in boxes + [((0, 0, 40, 48), 40), ((39, 47, 1, 1), 8)]:
     cut = tf.slice(image, [box[0], box[1], 0], [box[2], box[3], 3])
-    want = preprocess.resize(preprocess.to_float(cut), size, size).numpy()
+    want = tfdata_augment.resize(tfdata_augment.to_float(cut), size, size).numpy()
     for flip in (False, True):
       got = crop(jnp.asarray(image), jnp.asarray(box), size, jnp.asarray(flip))
       expected = want[:, ::-1] if flip else want
       np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5, err_msg=f"{box} {flip}")
 
 
-def _boxes(draws, height, width, scale=device_preprocess.IMAGENET_SCALE):
+def _boxes(draws, height, width, scale=step_preprocess.IMAGENET_SCALE):
   """(tf.data's boxes, the device's boxes): int [draws, 4] of (top, left, height, width)."""
   host = next(
     tf.data.Dataset.range(draws)
     .map(
       lambda i: tf.stack(
-        preprocess.random_resized_crop_box(height, width, preprocess.example_seed(0, 0, i))
+        tfdata_augment.random_resized_crop_box(height, width, tfdata_augment.example_seed(0, 0, i))
       )
     )
     .batch(draws)
@@ -144,7 +144,7 @@ def _boxes(draws, height, width, scale=device_preprocess.IMAGENET_SCALE):
   )
   keys = jax.random.split(jax.random.key(1), draws)
   box = functools.partial(
-    device_preprocess.random_resized_crop_box, height=height, width=width, scale=scale
+    step_preprocess.random_resized_crop_box, height=height, width=width, scale=scale
   )
   return host, np.asarray(jax.jit(jax.vmap(box))(keys))
 
@@ -198,8 +198,8 @@ def test_imagenet_eval_transform_on_device_is_the_hosts(stored):
   """Stored uint8 images -> short side to 37 (for 32 px), centre crop, normalised."""
   config = _imagenet_config("unused", image_size=32)
   images = np.random.default_rng(2).integers(0, 256, (3, *stored, 3), dtype=np.uint8)
-  want = np.stack([preprocess.make_eval_fn(config)(im).numpy() for im in images])
-  got = jax.jit(device_preprocess.make_prepare(config))(jnp.asarray(images))
+  want = np.stack([tfdata_augment.make_eval_fn(config)(im).numpy() for im in images])
+  got = jax.jit(step_preprocess.make_prepare(config))(jnp.asarray(images))
   assert got.shape == (3, 32, 32, 3)
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
@@ -209,12 +209,11 @@ def test_imagenet_augment_is_normalised_crops_at_the_image_size():
   config = _imagenet_config("unused", image_size=24)
   images = np.random.default_rng(3).integers(0, 256, (4, 40, 48, 3), dtype=np.uint8)
   keys = jax.random.split(jax.random.key(0), 4)
-  got = jax.jit(device_preprocess.make_augment(config))(jnp.asarray(images), keys)
+  got = jax.jit(step_preprocess.make_augment(config))(jnp.asarray(images), keys)
   assert got.dtype == jnp.float32 and got.shape == (4, 24, 24, 3)
   crops = [
-    device_preprocess.random_resized_crop_flip(jnp.asarray(im), k, 24)
-    for im, k in zip(images, keys)
+    step_preprocess.random_resized_crop_flip(jnp.asarray(im), k, 24) for im, k in zip(images, keys)
   ]
   mean, std = configlib.NORMALISATION["imagenet"]
   np.testing.assert_allclose(got, (np.stack(crops) - mean) / std, rtol=0, atol=1e-5)
-  assert device_preprocess.make_prepare(config)(got) is got  # The step does not touch them again.
+  assert step_preprocess.make_prepare(config)(got) is got  # The step does not touch them again.

@@ -3,7 +3,7 @@
 The listing in canonical order (classes sorted, then file names) and its checks (a class in one
 split, unsupported or empty files), images decoded with PIL for the device pipeline, and a quick
 look at each file's first and last bytes that finds interrupted copies before a run trains (the
-tf.data pipeline then decodes only the suspects: undecodable.py).
+tf.data pipeline then decodes only the suspects: tfdata_undecodable.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 from absl import logging
 
 from vitboot_jax import configlib, errors
-from vitboot_jax.data import sources
-from vitboot_jax.data.sources import UnreadableImageError
+from vitboot_jax.data import splits
+from vitboot_jax.data.splits import UnreadableImageError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 FOLDER_HINT = "point --config.data.dir at a folder with {split}/<class>/*.jpg (or .jpeg/.png)"
@@ -104,7 +104,7 @@ def list_folder(
     )
   empty = [p for p, size in zip(paths, sizes) if size == 0]  # Interrupted copies.
   if empty:
-    raise UnreadableImageError(sources.unreadable_message(empty, "it is empty (0 bytes)"))
+    raise UnreadableImageError(splits.unreadable_message(empty, "it is empty (0 bytes)"))
   out = np.array(paths), np.array(labels, np.int64)
   digest = hashlib.sha256()
   for path, size in zip(paths, sizes):
@@ -118,7 +118,7 @@ def split_paths(config: ml_collections.ConfigDict, split: str) -> np.ndarray:
   """The file paths of config.data's image folder `split`, in canonical order."""
   root, train_split = config.data.dir, config.data.train_split
   classes = tuple(class_folders(root, train_split, "train_split"))
-  return list_folder(root, split, sources.split_field(split, train_split), classes)[0]
+  return list_folder(root, split, splits.split_field(split, train_split), classes)[0]
 
 
 def read_image(path: str) -> np.ndarray:
@@ -147,7 +147,7 @@ def read_images(paths: np.ndarray, threads: int | None = None, stored: int = 0) 
   if bad:
     why = " ".join(str(bad[0][1]).split())[:200]
     raise UnreadableImageError(
-      sources.unreadable_message([p for p, _ in bad], f"it is not a complete JPEG/PNG image: {why}")
+      splits.unreadable_message([p for p, _ in bad], f"it is not a complete JPEG/PNG image: {why}")
     )
   if stored:
     wrong = [
@@ -156,7 +156,7 @@ def read_images(paths: np.ndarray, threads: int | None = None, stored: int = 0) 
       if image.shape[:2] != (stored, stored)
     ]
     if wrong:
-      raise errors.ConfigError(sources.wrong_size_message(stored, wrong))
+      raise errors.ConfigError(splits.wrong_size_message(stored, wrong))
   shape = images[0].shape
   odd = [p for p, image in zip(paths.tolist(), images) if image.shape != shape]
   if odd:
@@ -179,11 +179,11 @@ def folder_arrays(
   """
   train_split = config.data.train_split
   classes = tuple(class_folders(config.data.dir, train_split, "train_split"))
-  field = sources.split_field(split, train_split)
+  field = splits.split_field(split, train_split)
   paths, labels = list_folder(config.data.dir, split, field, classes)
   index = np.arange(len(labels), dtype=np.int64)
   if subset:
-    index = sources.subset_indices(labels, config.data.train_fraction)
+    index = splits.subset_indices(labels, config.data.train_fraction)
   stored = configlib.device_resize_from(config)
   return read_images(paths[index], stored=stored), labels[index], index
 

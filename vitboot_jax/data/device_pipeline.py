@@ -1,16 +1,16 @@
 """The dataset on the devices (config.data.pipeline="device"): every batch made inside the step.
 
 The training subset and the eval split are read once as uint8 arrays at their stored size
-(folders.py and npz.py, without TensorFlow; tf_sources.decoded_arrays for tfds) and placed
-replicated on every device of every process: each process reads the same files and puts a full
-copy on each of its own devices, so no batch ever crosses a host.
+(read_folders.py and read_npz.py, without TensorFlow; tfdata_sources.decoded_arrays for tfds)
+and placed replicated on every device of every process: each process reads the same files and
+puts a full copy on each of its own devices, so no batch ever crosses a host.
 
 Training batches are a pure function of (data, step), computed inside the jitted step
 (`feeding`): epoch e = step // steps_per_epoch is a permutation of the subset keyed by
 (config.seed, e), batch step % steps_per_epoch its next batch_size rows (the official
 drop_last), and each example's augmentation is keyed by (config.seed, e, its index in the
-split), as in the tf.data pipeline. The subset and its canonical order are input_pipeline's
-(sources.subset_indices); the permutation comes from jax.random, so the order differs from
+split), as in the tf.data pipeline. The subset and its canonical order are tfdata_pipeline's
+(splits.subset_indices); the permutation comes from jax.random, so the order differs from
 tf.data's shuffle while its distribution is the same. A resumed run continues the exact stream,
 and a scan over several steps needs no host input. The gathered rows are split over the mesh
 before they are augmented, so each device augments only its share of the batch.
@@ -32,8 +32,8 @@ import numpy as np
 from absl import logging
 
 from vitboot_jax import errors, sharding
-from vitboot_jax.data import device_preprocess, folders, npz, sources
-from vitboot_jax.data.sources import DatasetInfo
+from vitboot_jax.data import read_folders, read_npz, splits, step_preprocess
+from vitboot_jax.data.splits import DatasetInfo
 
 Data = dict[str, jax.Array]
 Batch = dict[str, jax.Array]
@@ -56,7 +56,7 @@ def batch_at(
   """The training batch of (0-based) `step`: {"image": [B, ...], "label": int32 [B]}.
 
   Jittable; `data` is DeviceDataset's train arrays. The images are the augmented crops: uint8
-  at the stored size, which the train step resizes and normalises (device_preprocess.
+  at the stored size, which the train step resizes and normalises (step_preprocess.
   make_prepare), or for config.data.augment="imagenet" the normalised random-resized crops,
   float32 at config.image_size.
   """
@@ -64,14 +64,14 @@ def batch_at(
   step = jnp.asarray(step, jnp.int32)
   epoch, position = step // steps_per_epoch, step % steps_per_epoch
   order = jax.random.permutation(
-    stream_key(config.seed, device_preprocess.SHUFFLE_STREAM, epoch), num
+    stream_key(config.seed, step_preprocess.SHUFFLE_STREAM, epoch), num
   )
   rows = jax.lax.dynamic_slice_in_dim(order, position * config.batch_size, config.batch_size)
   if batch_sharding is not None:
     rows = jax.lax.with_sharding_constraint(rows, batch_sharding)
-  augment_key = stream_key(config.seed, device_preprocess.AUGMENT_STREAM, epoch)
+  augment_key = stream_key(config.seed, step_preprocess.AUGMENT_STREAM, epoch)
   keys = jax.vmap(lambda i: jax.random.fold_in(augment_key, i))(data["index"][rows])
-  images = device_preprocess.make_augment(config)(data["image"][rows], keys)
+  images = step_preprocess.make_augment(config)(data["image"][rows], keys)
   return {"image": images, "label": data["label"][rows]}
 
 
@@ -100,17 +100,17 @@ def read_split(
   """(images uint8 [N, H, W, 3], labels, index in the split) of a split on the host, checked:
   every image decodes and has config.data.stored_size (a bad one is named, before training)."""
   if config.data.name == "folder":
-    arrays = folders.folder_arrays(config, split, subset)
+    arrays = read_folders.folder_arrays(config, split, subset)
   elif config.data.name == "npz":
-    arrays = npz.npz_arrays(config, split, subset)
+    arrays = read_npz.npz_arrays(config, split, subset)
   else:
-    from vitboot_jax.data import tf_sources  # tfds: TensorFlow decodes.
+    from vitboot_jax.data import tfdata_sources  # tfds: TensorFlow decodes.
 
-    arrays = tf_sources.decoded_arrays(config, split, subset=subset)
+    arrays = tfdata_sources.decoded_arrays(config, split, subset=subset)
   where = f"{config.data.name} split {split!r}"
   if config.data.name == "npz":
-    where = npz.npz_path(config.data.dir, split)
-  sources.check_stored_size(config, arrays[0], where)  # A folder's files were named as read.
+    where = read_npz.npz_path(config.data.dir, split)
+  splits.check_stored_size(config, arrays[0], where)  # A folder's files were named as read.
   return arrays
 
 
@@ -175,8 +175,8 @@ class DeviceDataset:
         f"{config.data.dir}) has {len(class_names)} classes; set "
         f"--config.data.num_classes={len(class_names)}"
       )
-    sources.check_labels(labels, num_classes, f"{config.data.name} {split}")
-    sources.check_labels(eval_labels, num_classes, f"{config.data.name} {eval_split}")
+    splits.check_labels(labels, num_classes, f"{config.data.name} {split}")
+    splits.check_labels(eval_labels, num_classes, f"{config.data.name} {eval_split}")
     self.eval_batch_size = config.data.eval_batch_size
     eval_arrays = _eval_padded(eval_images, eval_labels, self.eval_batch_size)
     train_arrays = {
@@ -192,7 +192,7 @@ class DeviceDataset:
       num_train_examples=len(labels),
       num_eval_examples=len(eval_labels),
       num_classes=num_classes,
-      steps_per_epoch=sources.steps_per_epoch(config, len(labels)),
+      steps_per_epoch=splits.steps_per_epoch(config, len(labels)),
       class_names=class_names,
     )
     self.train = _replicate(train_arrays, mesh)
@@ -214,9 +214,11 @@ class DeviceDataset:
 
 def _class_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   if config.data.name == "npz":
-    return npz.npz_class_names(config)
+    return read_npz.npz_class_names(config)
   if config.data.name == "folder":
-    return tuple(folders.class_folders(config.data.dir, config.data.train_split, "train_split"))
-  from vitboot_jax.data import input_pipeline
+    return tuple(
+      read_folders.class_folders(config.data.dir, config.data.train_split, "train_split")
+    )
+  from vitboot_jax.data import tfdata_pipeline
 
-  return input_pipeline.dataset_info(config).class_names
+  return tfdata_pipeline.dataset_info(config).class_names

@@ -9,12 +9,10 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from vitboot_jax.data import folders, npz, sources
+from vitboot_jax.data import read_folders, read_npz, splits
 
 
-def data_fingerprint(
-  config: ml_collections.ConfigDict, info: sources.DatasetInfo
-) -> dict[str, Any]:
+def data_fingerprint(config: ml_collections.ConfigDict, info: splits.DatasetInfo) -> dict[str, Any]:
   """What a run trains on, recorded in its workdir so a resume on other data is refused.
 
   Per split, its example count and: for an image folder, a sha256 of the file list (paths
@@ -28,30 +26,30 @@ def data_fingerprint(
   split_names = list(dict.fromkeys((train_split, config.data.eval_split)))
   record: dict[str, Any] = {"name": name}
   if name == "folder":
-    classes = tuple(folders.class_folders(config.data.dir, train_split, "train_split"))
-    splits = {}
+    classes = tuple(read_folders.class_folders(config.data.dir, train_split, "train_split"))
+    per_split = {}
     for split in split_names:
-      paths, _ = folders.list_folder(
-        config.data.dir, split, sources.split_field(split, train_split), classes
+      paths, _ = read_folders.list_folder(
+        config.data.dir, split, splits.split_field(split, train_split), classes
       )
-      digest = folders.FILES_DIGEST[(config.data.dir, split, classes)]
-      splits[split] = {"examples": len(paths), "files_sha256": digest}
+      digest = read_folders.FILES_DIGEST[(config.data.dir, split, classes)]
+      per_split[split] = {"examples": len(paths), "files_sha256": digest}
   elif name == "npz":
-    splits = {}
+    per_split = {}
     for split in split_names:
-      arrays = npz.read_npz(config.data.dir, split, train_split)
+      arrays = read_npz.read_npz(config.data.dir, split, train_split)
       digest = hashlib.sha256()
       for key in ("images", "labels"):
         digest.update(f"{key}{arrays[key].dtype}{arrays[key].shape}".encode())
         digest.update(np.ascontiguousarray(arrays[key]).data)
-      splits[split] = {"examples": len(arrays["labels"]), "arrays_sha256": digest.hexdigest()}
+      per_split[split] = {"examples": len(arrays["labels"]), "arrays_sha256": digest.hexdigest()}
   else:
-    from vitboot_jax.data import tf_sources  # tfds reads through TensorFlow.
+    from vitboot_jax.data import tfdata_sources  # tfds reads through TensorFlow.
 
-    record["version"], counts = tf_sources.tfds_record(config)
-    splits = {split: {"examples": count} for split, count in counts.items()}
+    record["version"], counts = tfdata_sources.tfds_record(config)
+    per_split = {split: {"examples": count} for split, count in counts.items()}
   record.update(
-    splits=splits,
+    splits=per_split,
     class_names=list(info.class_names),
     num_train_examples=info.num_train_examples,
     steps_per_epoch=info.steps_per_epoch,
