@@ -1,7 +1,6 @@
 """Mimetic and impulse attention initialisation (docs/reference/related_methods.md §B, §C, §D.2,
 §D.3)."""
 
-import hashlib
 import time
 
 import jax
@@ -12,7 +11,6 @@ from flax import linen as nn
 
 from tests.config_files import load_config
 from vitboot_jax import sharding, trainer
-from vitboot_jax.cpu import features
 from vitboot_jax.models import attention_init as ai
 from vitboot_jax.models import attention_params
 from vitboot_jax.models import impulse_init as impulse_lib
@@ -420,71 +418,108 @@ def test_apply_init_dispatch(vit_params):
       ai.apply_init(bad, vit_params, rng, num_heads=HEADS, grid=GRID)
 
 
-# sha256 of every leaf of a fresh run's params (tests/tiny_config.py, mode=vit, seed 0, one CPU
-# device), recorded before the initialisers moved into models/build.py: where they run must not
-# change a bit. Keyed by JAX_DISABLE_MOST_OPTIMIZATIONS: XLA's optimisations change the last bits.
-# The impulse schemes' fitted weights (a few hundred optimiser steps) also differ in their last
-# bits between CPUs that XLA:CPU compiles for differently: one digest per kind of CPU seen.
-INITIAL_PARAMS_SHA256 = {
-  True: {
-    "official": "9c74592448d47ec94fa88af156d4b39a7dab3759fb3cc69ae8cf177e0ceb46a9",
-    "standard": "55da3ffd31b47212b28cd3ed97f0c5b44532b662f46ea1511739b9e973cf9cb5",
-    "mimetic": "ad610d2f9a0f436343f1f6eccad4ef97b6e8ca84bf45e4c6c1b4e8c7ce853e71",
-    "impulse3": {
-      "GenuineIntel avx512": "f68fa949f789f041edc18dc769be29258eb5a87ab01c3d921baef84b1c135cb4",
-      "AuthenticAMD avx512": "bd59934c9dfb79095482942d96f419190a0fab8a3a354c52cd0cde0db6683ba6",
-    },
-    "impulse5": {
-      "GenuineIntel avx512": "62140772cadbbf353fb425bcbf08ab8176f0ef6dbe03f51d7e7306e3977e98c1",
-      "AuthenticAMD avx512": "29c42876a1b61a9c7428bc57fca7d4503acd0926f34bc3a9c3c902c66d1f5fdd",
-    },
+# Per-leaf float64 (sum, rising-weighted sum, L2 norm) of a fresh run's params
+# (tests/tiny_config.py, mode=vit, seed 0, one CPU device), computed from the code: "standard" in
+# full, every other scheme as the leaves where it differs from "standard". Where the initialisers
+# run must not change them; the weighted sum (weights (i + 1) / n) also catches a transpose.
+INITIAL_PARAM_STATS = {
+  "standard": {
+    "vit/block_0/attn/out/bias": (0, 0, 0),
+    "vit/block_0/attn/out/kernel": (-3.316753161, -2.811490223, 6.046769278),
+    "vit/block_0/attn/qkv/bias": (0, 0, 0),
+    "vit/block_0/attn/qkv/kernel": (13.68607198, 5.015047459, 7.419185801),
+    "vit/block_0/ln1/bias": (0, 0, 0),
+    "vit/block_0/ln1/scale": (36, 18.5, 6),
+    "vit/block_0/ln2/bias": (0, 0, 0),
+    "vit/block_0/ln2/scale": (36, 18.5, 6),
+    "vit/block_0/mlp/fc1/bias": (-5.966094811e-06, -2.27885905e-06, 8.257307621e-06),
+    "vit/block_0/mlp/fc1/kernel": (-2.975037271, -1.688602273, 7.003867116),
+    "vit/block_0/mlp/fc2/bias": (7.816430358e-06, 4.753708431e-06, 6.44050944e-06),
+    "vit/block_0/mlp/fc2/kernel": (8.388882284, 1.843804296, 7.019566016),
+    "vit/block_1/attn/out/bias": (0, 0, 0),
+    "vit/block_1/attn/out/kernel": (-2.172877029, -1.240914957, 5.979112479),
+    "vit/block_1/attn/qkv/bias": (0, 0, 0),
+    "vit/block_1/attn/qkv/kernel": (5.754260172, 9.823304891, 7.374365839),
+    "vit/block_1/ln1/bias": (0, 0, 0),
+    "vit/block_1/ln1/scale": (36, 18.5, 6),
+    "vit/block_1/ln2/bias": (0, 0, 0),
+    "vit/block_1/ln2/scale": (36, 18.5, 6),
+    "vit/block_1/mlp/fc1/bias": (1.185879104e-05, 3.627015953e-06, 9.116130969e-06),
+    "vit/block_1/mlp/fc1/kernel": (11.65634159, 6.054022691, 6.85104673),
+    "vit/block_1/mlp/fc2/bias": (8.007289116e-06, 3.648474192e-06, 6.109707084e-06),
+    "vit/block_1/mlp/fc2/kernel": (-2.764148719, 0.3544533779, 6.855711269),
+    "vit/cls": (0.1161111182, 0.09544910192, 0.08414047427),
+    "vit/head/bias": (0, 0, 0),
+    "vit/head/kernel": (0, 0, 0),
+    "vit/norm/bias": (0, 0, 0),
+    "vit/norm/scale": (36, 18.5, 6),
+    "vit/patch_embed/bias": (0, 0, 0),
+    "vit/patch_embed/kernel": (-9.874651431, -3.720494623, 5.950292063),
+    "vit/pos_embed": (0.3541565746, 0.09593016922, 0.4165550103),
   },
-  False: {
-    "official": "4c214862da46760af6654cae73bb0e3dd7d525898612d7ea11876a95f9955590",
-    "standard": "cff71bce0c5396a43d60b309654675f1d60a89935e97c71da6ed23b45339ff12",
-    "mimetic": "20ec7bd0c5908eae52e8cb5eff2e95c255fddc3a7242271ee90861da331865ee",
-    "impulse3": {
-      "GenuineIntel avx512": "282480f060bd8a36a7d1ab7b2e21d7a1ef27128ec13c04fd1ba28c47b9d1c2c7",
-      "AuthenticAMD avx512": "381b1cbec6a52e82ee74ea3e394cc9c7e697ddd6c5023a6cd7d559f5ed4c34d8",
-    },
-    "impulse5": {
-      "GenuineIntel avx512": "f2245e0ddef1788313df602ad6ad7af6d6fd9f82055f58cf565bb600e3c6536d",
-      "AuthenticAMD avx512": "08dcb668489a08356edbb0683539131e0bc0545b4fc609e64794b57af2e65b89",
-    },
+  "official": {
+    "vit/block_0/mlp/fc1/bias": (-5.966023453, -2.278822977, 8.257306779),
+    "vit/block_0/mlp/fc2/bias": (7.816465717, 4.753726467, 6.440510632),
+    "vit/block_1/mlp/fc1/bias": (11.85886229, 3.62705208, 9.116132105),
+    "vit/block_1/mlp/fc2/bias": (8.007324172, 3.648492082, 6.10970835),
+    "vit/cls": (0.1260100468, 0.102087769, 0.09102856639),
+    "vit/head/bias": (-0.1766046733, -0.03275856972, 0.3481346075),
+    "vit/head/kernel": (-1.308369793, -0.8567650758, 1.792570756),
+    "vit/patch_embed/kernel": (-137.3222742, -49.41369749, 82.03227662),
+    "vit/pos_embed": (0.3907936943, 0.1141556763, 0.4675283431),
+  },
+  "mimetic": {
+    "vit/block_0/attn/out/kernel": (-6.849241614, -1.315438541, 4.221757043),
+    "vit/block_0/attn/qkv/kernel": (-17.15877506, -6.949195487, 11.64138669),
+    "vit/block_1/attn/out/kernel": (-0.1266161835, 1.079770414, 4.267075814),
+    "vit/block_1/attn/qkv/kernel": (14.34383041, 8.713253046, 11.66991239),
+  },
+  "impulse3": {
+    "vit/block_0/attn/qkv/kernel": (13.35657048, 11.62864078, 12.20615136),
+    "vit/block_1/attn/qkv/kernel": (16.22850319, 13.91310468, 12.21199797),
+    "vit/pos_embed": (289.2681615, 154.3423592, 16.97080037),
+  },
+  "impulse5": {
+    "vit/block_0/attn/qkv/kernel": (20.00894906, 14.36026001, 12.18969986),
+    "vit/block_1/attn/qkv/kernel": (22.88088177, 16.64472391, 12.19555435),
+    "vit/pos_embed": (289.2681615, 154.3423592, 16.97080037),
   },
 }
 
-
-def _cpu_kind() -> str:
-  """The CPU's vendor and widest vector extension, e.g. "GenuineIntel avx512" ("" if unknown)."""
-  flags = features.cpu_flags()
-  if flags is None:
-    return ""
-  vendor = features.cpu_vendor() or "?"
-  return f"{vendor} {'avx512' if 'avx512f' in flags else 'avx2' if 'avx2' in flags else '?'}"
+# XLA:CPU's vector code differs per CPU and moves float32 results by a few ulps (eps 6e-8), which
+# the impulse fit's converging Adam steps carry but do not grow; a real change moves far more.
+RTOL = 1e-5
 
 
-def _params_digest(params) -> str:
-  digest = hashlib.sha256()
+def _leaf_stats(params) -> dict[str, tuple[float, float, float]]:
+  stats = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    leaf = np.asarray(leaf)
-    digest.update(f"{jax.tree_util.keystr(path)}{leaf.dtype}{leaf.shape}".encode())
-    digest.update(np.ascontiguousarray(leaf).tobytes())
-  return digest.hexdigest()
+    x = np.asarray(leaf, np.float64).ravel()
+    weights = np.arange(1, x.size + 1) / x.size
+    stats[jax.tree_util.keystr(path, simple=True, separator="/")] = (
+      float(x.sum()),
+      float(x @ weights),
+      float(np.sqrt(x @ x)),
+    )
+  return stats
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["official", "standard", "mimetic", "impulse3", "impulse5"])
-def test_a_fresh_runs_params_are_bit_identical_for_every_init_scheme(scheme):
+def test_a_fresh_runs_params_match_the_stored_statistics_for_every_init_scheme(scheme):
   if jax.default_backend() != "cpu":
-    pytest.skip("digests recorded on CPU")
+    pytest.skip("statistics stored from CPU float32 (other backends' matmuls round otherwise)")
   config = load_config("tiny_config", f"mode=vit,init={scheme}")
   mesh = sharding.make_mesh(jax.devices()[:1])
-  state = trainer.build(config, mesh, steps_per_epoch=4).initial_state()
-  recorded = INITIAL_PARAMS_SHA256[bool(jax.config.read("jax_disable_most_optimizations"))][scheme]
-  digest = _params_digest(state.params)
-  if isinstance(recorded, dict):
-    if _cpu_kind() not in recorded:  # Record it here from a commit known to be right.
-      pytest.skip(f"no {scheme} digest recorded for a {_cpu_kind()!r} CPU; here: {digest}")
-    recorded = recorded[_cpu_kind()]
-  assert digest == recorded
+  params = trainer.build(config, mesh, steps_per_epoch=4).initial_state().params
+  stats = _leaf_stats(params)
+  expected = {**INITIAL_PARAM_STATS["standard"], **INITIAL_PARAM_STATS[scheme]}
+  assert stats.keys() == expected.keys()
+  sizes = {path: leaf.size for path, leaf in zip(stats, jax.tree.leaves(params), strict=True)}
+  for path, (total, weighted, norm) in stats.items():
+    want_total, want_weighted, want_norm = expected[path]
+    np.testing.assert_allclose(norm, want_norm, rtol=RTOL, err_msg=path)
+    # Every element within rtol moves a (weighted) sum by at most rtol |x|_1 <= rtol sqrt(n) |x|_2.
+    atol = RTOL * np.sqrt(sizes[path]) * want_norm
+    np.testing.assert_allclose(total, want_total, rtol=0, atol=atol, err_msg=path)
+    np.testing.assert_allclose(weighted, want_weighted, rtol=0, atol=atol, err_msg=path)

@@ -22,13 +22,6 @@ def test_cpu_flags_reads_the_first_processor(tmp_path):
   assert flags == frozenset(AVX2_ONLY.split())
 
 
-def test_cpu_vendor_and_model_of_the_first_processor(tmp_path):
-  path = _cpuinfo(tmp_path, AVX2_ONLY)
-  assert cpu_features.cpu_vendor(path) == "TestVendor"
-  assert cpu_features.cpu_model(path) == "Test CPU"
-  assert cpu_features.cpu_vendor(tmp_path / "absent") is None
-
-
 def test_cpu_flags_unreadable_or_without_flags(tmp_path):
   assert cpu_features.cpu_flags(tmp_path / "absent") is None
   empty = tmp_path / "empty"

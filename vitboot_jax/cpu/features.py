@@ -44,11 +44,6 @@ def cpu_model(cpuinfo: pathlib.Path = CPUINFO) -> str | None:
   return _first_processor_field("model name", cpuinfo)
 
 
-def cpu_vendor(cpuinfo: pathlib.Path = CPUINFO) -> str | None:
-  """The first processor's vendor (e.g. "GenuineIntel", "AuthenticAMD"), or None."""
-  return _first_processor_field("vendor_id", cpuinfo)
-
-
 def widest_vector_isa(flags: frozenset[str] | None) -> str | None:
   """The widest of VECTOR_ISAS that `flags` lists, or None."""
   return next((isa for isa in VECTOR_ISAS if flags and isa in flags), None)
