@@ -67,24 +67,13 @@ def test_model_code_has_no_backend_logic():
       assert name not in text, f"{path.name} uses jax.{name}"
 
 
-def _imported_modules(path: pathlib.Path) -> list[str]:
-  modules = []
-  for node in ast.walk(ast.parse(path.read_text())):
-    if isinstance(node, ast.Import):
-      modules += [a.name for a in node.names]
-    elif isinstance(node, ast.ImportFrom):
-      assert node.level == 0, f"{path.name}: relative import"
-      base = node.module or ""
-      modules += [f"{base}.{a.name}" for a in node.names] if base == "vitboot_jax" else [base]
-  return modules
-
-
 @pytest.mark.slow
 def test_models_never_import_the_cpu_layer():
   """models/ holds models; the CPU layer (vitboot_jax/cpu/) builds on it, never the reverse."""
-  for path in sorted(MODELS.glob("*.py")):
-    for module in _imported_modules(path):
-      assert not module.startswith("vitboot_jax.cpu"), f"models/{path.name} imports {module}"
+  for name, path in _package_modules().items():
+    if name.startswith("vitboot_jax.models"):
+      for module in _imports(path.read_text(), name):
+        assert not module.startswith("vitboot_jax.cpu"), f"{name} imports {module}"
   # Nor through anything they import: importing every model module loads no vitboot_jax.cpu.
   names = [f"vitboot_jax.models.{p.stem}" for p in sorted(MODELS.glob("*.py"))]
   probe = f"import sys, {', '.join(names)}; print(sorted(m for m in sys.modules if 'cpu' in m))"
@@ -98,26 +87,43 @@ PACKAGE = MODELS.parent
 
 
 @functools.cache
-def _package_imports() -> dict[str, set[str]]:
-  """{module: the package's modules it imports}, lazy imports inside functions included."""
-  modules = {
+def _package_modules() -> dict[str, pathlib.Path]:
+  """{dotted name: path} of every module of the package (a package by its __init__.py)."""
+  return {
     ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
     for p in PACKAGE.rglob("*.py")
   }
-  graph = {}
-  for name, path in modules.items():
-    edges = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Import):
-        found = [a.name for a in node.names]
-      elif isinstance(node, ast.ImportFrom):
-        base = node.module or ""
-        found = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-      else:
-        continue
-      edges |= {m for m in found if m in modules and m != name}
-    graph[name] = edges
-  return graph
+
+
+def _imports(source: str, module: str, is_package: bool = False) -> set[str]:
+  """What `source` (module `module`) imports, by absolute name, lazy imports inside functions
+  and relative ones included: `from a import b` is a.b where that is a module of the package,
+  else a."""
+  names = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      names |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:  # Relative: level 1 is the module's own package.
+        parts = module.split(".") if is_package else module.split(".")[:-1]
+        parts = parts[: len(parts) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      for alias in node.names:
+        name = f"{base}.{alias.name}"
+        names.add(name if name in _package_modules() else base)
+  return names
+
+
+@functools.cache
+def _package_imports() -> dict[str, set[str]]:
+  """{module: the package's modules it imports}, lazy and relative imports included."""
+  modules = _package_modules()
+  return {
+    name: {m for m in _imports(path.read_text(), name, path.stem == "__init__") if m in modules}
+    - {name}
+    for name, path in modules.items()
+  }
 
 
 def test_the_package_has_no_import_circle_and_its_core_never_imports_a_tool():
@@ -146,19 +152,48 @@ def test_the_package_has_no_import_circle_and_its_core_never_imports_a_tool():
     visit(module)
 
 
-def _is_leaf(module: str) -> bool:
-  """A module of the package that imports nothing else of it (files.py, errors.py)."""
-  return not _package_imports().get(module, {"?"})
+# All models/ may import from the rest of the package: the bottom layer, the rest builds on it.
+MODELS_MAY_IMPORT = frozenset({"vitboot_jax.files"})
 
 
-def test_models_import_nothing_from_the_top_level_package():
-  # models/ is the bottom layer: configs, losses and the trainer use it, never the reverse;
-  # only leaves of the package (which import nothing of it, as files.py) are below it.
-  for path in sorted(MODELS.glob("*.py")):
-    for module in _imported_modules(path):
-      inside = module == "vitboot_jax.models" or module.startswith("vitboot_jax.models.")
-      below = inside or _is_leaf(module) or not module.startswith("vitboot_jax")
-      assert below, f"{path.name} imports {module}"
+def _outside_models(source: str, module: str, is_package: bool = False) -> list[str]:
+  """What a models/ module imports from the package beyond models/ and MODELS_MAY_IMPORT."""
+  return sorted(
+    m
+    for m in _imports(source, module, is_package)
+    if (m == "vitboot_jax" or m.startswith("vitboot_jax."))
+    and not (m == "vitboot_jax.models" or m.startswith("vitboot_jax.models."))
+    and m not in MODELS_MAY_IMPORT
+  )
+
+
+def test_models_import_only_the_allowed_modules_of_the_package():
+  for name, path in _package_modules().items():
+    if name == "vitboot_jax.models" or name.startswith("vitboot_jax.models."):
+      offending = _outside_models(path.read_text(), name, path.stem == "__init__")
+      assert not offending, f"{name} imports {offending}: not in models/ or MODELS_MAY_IMPORT"
+  for allowed in MODELS_MAY_IMPORT:  # Below models/: nothing of the package under it.
+    assert not _package_imports()[allowed], f"{allowed} imports {_package_imports()[allowed]}"
+
+
+def test_the_models_import_check_counts_every_form_of_import():
+  module = "vitboot_jax.models.probe"
+  for source, found in [
+    ("from vitboot_jax import sharding", "vitboot_jax.sharding"),
+    ("import vitboot_jax.optim", "vitboot_jax.optim"),
+    ("from vitboot_jax.progress import Progress", "vitboot_jax.progress"),
+    ("from .. import preemption", "vitboot_jax.preemption"),
+    ("from ..sharding import make_mesh", "vitboot_jax.sharding"),
+    ("from ..cpu import kernels", "vitboot_jax.cpu.kernels"),
+    ("import vitboot_jax", "vitboot_jax"),
+    ("def f():\n  from .. import optim", "vitboot_jax.optim"),
+  ]:
+    assert _outside_models(source, module) == [found], source
+  for source in ("from . import vit", "from .vit import ViT", "from vitboot_jax import files"):
+    assert not _outside_models(source, module), source
+  assert _outside_models("from .. import optim", "vitboot_jax.models", is_package=True) == [
+    "vitboot_jax.optim"
+  ]
 
 
 def test_xla_bf16_products_sum_in_float32_with_jax_derivatives():
