@@ -4,8 +4,11 @@ and the faults those tests inject."""
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = str(REPO / "tests" / "tiny_config.py")
@@ -45,6 +48,57 @@ def run(workdir, folder, *overrides, devices=1, config=TINY, timeout=600):
   )
   assert proc.returncode == 0, proc.stderr[-4000:]
   return proc
+
+
+class WatchedRun:
+  """Runs the tiny config (or `config`) in a subprocess and sends `sig` once
+  `trigger(line, workdir)` holds: on a line of its log, or (line None) on its workdir."""
+
+  def __init__(self, workdir, folder, trigger, sig=signal.SIGKILL, overrides=(), config=TINY):
+    self.workdir, self.trigger, self.sig = workdir, trigger, sig
+    self.fired = None
+    self.log: list[str] = []
+    self.proc = subprocess.Popen(
+      command(workdir, folder, *overrides, config=config),
+      env=env(1),
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    self._lock = threading.Lock()
+    threading.Thread(target=self._read_log, daemon=True).start()
+    threading.Thread(target=self._poll_directory, daemon=True).start()
+
+  def _fire(self, why: str) -> None:
+    with self._lock:
+      if self.fired is None and self.proc.poll() is None:
+        self.proc.send_signal(self.sig)
+        self.fired = why
+
+  def _read_log(self) -> None:
+    for line in self.proc.stderr:
+      self.log.append(line)
+      if self.trigger(line, None):
+        self._fire(self.trigger.__name__)
+
+  def _poll_directory(self) -> None:
+    while self.proc.poll() is None and self.fired is None:
+      if self.trigger(None, self.workdir):
+        self._fire(self.trigger.__name__)
+      time.sleep(0.001)
+
+  def wait(self, timeout=600) -> int:
+    return self.proc.wait(timeout=timeout)
+
+
+def after_step(k):
+  """A WatchedRun trigger: once step k's training metrics are on disk."""
+
+  def after_step(line, workdir):
+    path = None if workdir is None else workdir / "metrics.jsonl"
+    return path is not None and path.exists() and f'{{"step": {k}, "epoch"' in path.read_text()
+
+  return after_step
 
 
 def metrics(workdir):

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from tests.test_mechanism import _run
+from tests import tiny_steps
 from vitboot_jax import checkpoint, errors, optim, workdirs
 from vitboot_jax.tools import adam_state
 
@@ -55,7 +55,7 @@ def _expected(state, model):
 
 @pytest.mark.slow
 def test_reads_each_models_moments_from_a_runs_checkpoints(tmp_path, monkeypatch):
-  state, _ = _run("joint", n=2, log_every_steps=1000)
+  state, _ = tiny_steps.run("joint", n=2, log_every_steps=1000)
   run = tmp_path / "run"
   ckpt = checkpoint.Checkpointer(run, keep=2, save_every_steps=1)
   ckpt.save(2, state, force=True)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.config_files import load_config
-from tests.test_steps import batch_of
+from tests.tiny_steps import batch_of
 from vitboot_jax import configlib, evaluate, kernel_sets, losses, optim, steps
 from vitboot_jax.data import step_preprocess
 from vitboot_jax.errors import ConfigError

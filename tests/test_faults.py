@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import threading
 import time
 
 import jax
@@ -24,58 +23,7 @@ from tests.runs import command, env, metrics, run
 from vitboot_jax import checkpoint, preemption, train
 from vitboot_jax.data import splits, tfdata_pipeline
 
-# ---------------------------------------------------------------------------------------------
-# A watched run: kill it when a condition on its log or its checkpoint directory comes true.
-
-
-class _WatchedRun:
-  """Runs the tiny config in a subprocess and sends `sig` once `trigger(line, workdir)` holds."""
-
-  def __init__(self, workdir, folder, trigger, sig=signal.SIGKILL, overrides=()):
-    self.workdir, self.trigger, self.sig = workdir, trigger, sig
-    self.fired = None
-    self.log: list[str] = []
-    self.proc = subprocess.Popen(
-      command(workdir, folder, *overrides),
-      env=env(1),
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-    self._lock = threading.Lock()
-    threading.Thread(target=self._read_log, daemon=True).start()
-    threading.Thread(target=self._poll_directory, daemon=True).start()
-
-  def _fire(self, why: str) -> None:
-    with self._lock:
-      if self.fired is None and self.proc.poll() is None:
-        self.proc.send_signal(self.sig)
-        self.fired = why
-
-  def _read_log(self) -> None:
-    for line in self.proc.stderr:
-      self.log.append(line)
-      if self.trigger(line, None):
-        self._fire(self.trigger.__name__)
-
-  def _poll_directory(self) -> None:
-    while self.proc.poll() is None and self.fired is None:
-      if self.trigger(None, self.workdir):
-        self._fire(self.trigger.__name__)
-      time.sleep(0.001)
-
-  def wait(self, timeout=600) -> int:
-    return self.proc.wait(timeout=timeout)
-
-
-def _after_step(k):
-  """Once step k's training metrics are on disk."""
-
-  def after_step(line, workdir):
-    path = None if workdir is None else workdir / "metrics.jsonl"
-    return path is not None and path.exists() and f'{{"step": {k}, "epoch"' in path.read_text()
-
-  return after_step
+# Triggers of runs.WatchedRun besides runs.after_step: its log line, or its checkpoint directory.
 
 
 def _during_eval(line, workdir):
@@ -118,10 +66,15 @@ def test_kills_at_random_moments_resume_to_the_uninterrupted_result(
   workdir = tmp_path / "faulted"
   rng = np.random.default_rng(19)
   after_steps = sorted(rng.choice(np.arange(2, 29), size=2, replace=False).tolist())
-  faults = [_after_step(after_steps[0]), _during_save, _during_eval, _after_step(after_steps[1])]
+  faults = [
+    runs.after_step(after_steps[0]),
+    _during_save,
+    _during_eval,
+    runs.after_step(after_steps[1]),
+  ]
   fired = []
   for trigger in faults:
-    watched = _WatchedRun(workdir, image_folder, trigger)
+    watched = runs.WatchedRun(workdir, image_folder, trigger)
     code = watched.wait()
     fired.append(watched.fired)
     if code == 0:
@@ -145,7 +98,7 @@ def test_kills_at_random_moments_resume_to_the_uninterrupted_result(
 @pytest.mark.slow
 def test_sigterm_mid_epoch_saves_exits_cleanly_and_resumes(uninterrupted, image_folder, tmp_path):
   workdir = tmp_path / "terminated"
-  watched = _WatchedRun(workdir, image_folder, _after_step(13), sig=signal.SIGTERM)
+  watched = runs.WatchedRun(workdir, image_folder, runs.after_step(13), sig=signal.SIGTERM)
   assert watched.wait() == 128 + signal.SIGTERM, "".join(watched.log)[-3000:]
   log = "".join(watched.log)
   assert "Traceback" not in log
@@ -168,7 +121,7 @@ def test_sigterm_during_an_evaluation_saves_the_step_unevaluated_and_resumes(
   """The stop does not wait for the evaluation; the resumed run evaluates that step first."""
   workdir = tmp_path / "terminated_in_eval"
   one_image_batches = ("--config.data.eval_batch_size=1",)  # 40 batches: a signal lands mid-way.
-  watched = _WatchedRun(
+  watched = runs.WatchedRun(
     workdir, image_folder, _during_eval, sig=signal.SIGTERM, overrides=one_image_batches
   )
   assert watched.wait() == 128 + signal.SIGTERM, "".join(watched.log)[-3000:]
@@ -377,7 +330,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_befo
   import shutil
 
   workdir = tmp_path / "rotted"
-  watched = _WatchedRun(workdir, image_folder, _after_step(9), sig=signal.SIGTERM)
+  watched = runs.WatchedRun(workdir, image_folder, runs.after_step(9), sig=signal.SIGTERM)
   assert watched.wait() == 128 + signal.SIGTERM, "".join(watched.log)[-3000:]
   root = workdir / "checkpoints"
   steps = sorted(int(n) for n in os.listdir(root) if n.isdigit())
@@ -431,7 +384,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(uninterrupted, image_
 
   procs = start()
   deadline = time.time() + 300
-  while time.time() < deadline and not _after_step(9)(None, workdir):
+  while time.time() < deadline and not runs.after_step(9)(None, workdir):
     assert all(p.poll() is None for p in procs), procs[0].stderr.read()[-3000:]
     time.sleep(0.01)
   procs[1].send_signal(signal.SIGTERM)
@@ -599,7 +552,7 @@ def test_second_run_on_a_held_workdir_refuses_and_the_first_is_intact(image_fold
   assert f"--workdir={workdir} is in use by another run: pid {winner.pid}" in line
   assert "own --workdir" in line
 
-  while not _after_step(6)(None, workdir):  # Then one launched while the first trains.
+  while not runs.after_step(6)(None, workdir):  # Then one launched while the first trains.
     assert winner.poll() is None, winner.stderr.read().decode()[-3000:]
     time.sleep(0.05)
   late = subprocess.run(command(workdir, image_folder), env=env(1), capture_output=True, text=True)
@@ -624,7 +577,7 @@ def test_resume_after_the_data_changed_is_refused(image_folder, tmp_path):
   folder = tmp_path / "data"
   shutil.copytree(image_folder, folder)
   workdir = tmp_path / "changed"
-  watched = _WatchedRun(workdir, folder, _after_step(5), sig=signal.SIGTERM)
+  watched = runs.WatchedRun(workdir, folder, runs.after_step(5), sig=signal.SIGTERM)
   assert watched.wait() == 128 + signal.SIGTERM, "".join(watched.log)[-3000:]
   before = sorted(os.listdir(workdir / "checkpoints"))
   for png in sorted(folder.glob("train/*/*.png"))[::2]:  # Half the training images deleted.

@@ -11,7 +11,7 @@ import pytest
 
 from configs import common
 from tests.config_files import load_config
-from tests.test_steps import batch_of, gradients, setup
+from tests.tiny_steps import batch_of, gradients, run, setup
 from vitboot_jax import (
   checkpoint,
   configlib,
@@ -113,37 +113,13 @@ def test_bad_values_fail_in_one_line(arg, message):
   assert "\n" not in str(error.value)
 
 
-@functools.cache
-def _cached_run(mode, n, updates):
-  return _run_uncached(mode, n, **dict(updates))
-
-
-def _run(mode, n=4, **updates):
-  """n train steps of the tiny config; the state and every step's metrics (cached: compiling
-  the steps is what these tests cost)."""
-  return _cached_run(mode, n, tuple(sorted(updates.items())))
-
-
-def _run_uncached(mode, n, **updates):
-  config, models, tx, _, step = setup(mode, **updates)
-  state = create_state(
-    models, tx, jax.random.key(0), (32, 32, 3), stats=hint_variants.initial_stats(config)
-  )
-  step = jax.jit(step)
-  history = []
-  for i in range(n):
-    state, metrics = step(state, batch_of(seed=i))
-    history.append({k: float(v) for k, v in metrics.items()})
-  return state, history
-
-
 @pytest.mark.slow
 def test_measuring_the_shares_leaves_the_step_unchanged():
   # Measured on every step (log_every_steps=1), on logged steps only (3) or not at all (the
   # default): the same states.
-  every, h_every = _run("joint", n=3, log_every_steps=1, log_hint_shares=True)
-  rare, h_rare = _run("joint", n=3, log_every_steps=3, log_hint_shares=True)
-  off, h_off = _run("joint", n=3, log_every_steps=1)
+  every, h_every = run("joint", n=3, log_every_steps=1, log_hint_shares=True)
+  rare, h_rare = run("joint", n=3, log_every_steps=3, log_hint_shares=True)
+  off, h_off = run("joint", n=3, log_every_steps=1)
   jax.tree.map(np.testing.assert_array_equal, every.params, rare.params)
   jax.tree.map(np.testing.assert_array_equal, every.params, off.params)
   assert not any("train/hint_grad_ratio" in m for m in h_off)
@@ -219,8 +195,8 @@ def test_layers_keeps_the_last_pairs_and_projectors_map_the_vit_tokens():
 
 @pytest.mark.slow
 def test_projector_starts_at_the_identity_and_learns():
-  official, h_official = _run("joint", n=3, log_every_steps=3)
-  variant, h_variant = _run("joint", n=2, **{"loss.feature_projector": "linear"})
+  official, h_official = run("joint", n=3, log_every_steps=3)
+  variant, h_variant = run("joint", n=2, **{"loss.feature_projector": "linear"})
   assert h_variant[0]["train/loss_vit"] == pytest.approx(h_official[0]["train/loss_vit"], 1e-6)
   kernel = np.asarray(variant.params["hint_vit"]["layer_1"]["kernel"])
   assert kernel.shape == (36, 36) and not np.allclose(kernel, np.eye(36))
@@ -229,7 +205,7 @@ def test_projector_starts_at_the_identity_and_learns():
 
 @pytest.mark.slow
 def test_balance_caps_the_hint_share():
-  _, variant = _run("joint", n=2, **{"loss.feature_balance": 0.1})
+  _, variant = run("joint", n=2, **{"loss.feature_balance": 0.1})
   for m in variant:
     assert m["train/feature_balance_scale"] < 1
     capped = m["train/feature_balance_scale"] * m["train/grad_norm_feature_share_vit"]
@@ -256,8 +232,8 @@ def test_gate_opens_once_the_running_top1_reaches_the_threshold_and_stays_open()
 
 @pytest.mark.slow
 def test_gate_keeps_the_hint_off_until_it_opens():
-  state, history = _run("joint", n=4, **{"loss.feature_gate": 1e-6})
-  _, official = _run("joint", n=3, log_every_steps=3)
+  state, history = run("joint", n=4, **{"loss.feature_gate": 1e-6})
+  _, official = run("joint", n=3, log_every_steps=3)
   # Closed at the start; open from the step after the first whose running top-1 is above 0.
   is_open = 0.0
   for step, m in enumerate(history):
@@ -274,7 +250,7 @@ def test_gate_keeps_the_hint_off_until_it_opens():
 @pytest.mark.slow
 def test_frozen_agent_is_never_updated():
   config, models, _, start, _ = setup("joint")
-  frozen, history = _run("joint", n=2, agent_frozen=True, log_every_steps=1000)
+  frozen, history = run("joint", n=2, agent_frozen=True, log_every_steps=1000)
   jax.tree.map(np.testing.assert_array_equal, frozen.params["agent"], start.params["agent"])
   assert all(m["train/grad_norm_agent"] == 0 for m in history)
   assert not np.array_equal(

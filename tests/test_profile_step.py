@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from tests import without_tensorflow
-from tests.test_benchmark import load_config
+from tests.config_files import load_config
 from vitboot_jax.tools.perf import profile_step
 
 

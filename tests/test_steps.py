@@ -11,50 +11,13 @@ import pytest
 
 from tests import golden, hlo, tolerances, without_tensorflow
 from tests.config_files import load_config
-from vitboot_jax import kernel_sets, optim, sharding, steps
+from tests.tiny_steps import batch_of, gradients, jitted_gradients, setup
+from vitboot_jax import kernel_sets, sharding, steps
 from vitboot_jax.models import convert, sharing
 from vitboot_jax.models.build import build_models
-from vitboot_jax.state import create_state
 from vitboot_jax.tools.perf import benchmark
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
-
-
-def jitted_gradients(config, models, variables, batch, rng, weight):
-  """steps.model_gradients under jit (op-by-op it is many times slower)."""
-  fn = jax.jit(lambda v, b, r, w: steps.model_gradients(config, models, v, b, r, w))
-  return fn(variables, batch, rng, weight)
-
-
-def tiny_config(mode="shared", **updates):
-  config = load_config("tiny_config", f"mode={mode}")
-  config.num_epochs = 2
-  for key, value in updates.items():
-    group, field = key.split(".") if "." in key else (None, key)
-    (config[group] if group else config)[field] = value
-  return config
-
-
-def batch_of(n=8, seed=0, size=32, classes=10):
-  rng = np.random.default_rng(seed)
-  return {
-    "image": jnp.asarray(rng.normal(size=(n, size, size, 3)), jnp.float32),
-    "label": jnp.asarray(rng.integers(0, classes, size=(n,)), jnp.int32),
-  }
-
-
-def setup(mode="shared", **updates):
-  config = tiny_config(mode, **updates)
-  models = build_models(config, kernel_sets.for_config(config))
-  tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
-  state = create_state(models, tx, jax.random.key(0), (32, 32, 3))
-  step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=4)
-  return config, models, tx, state, step
-
-
-def gradients(config, models, state, batch, weight=1.0):
-  variables = {"params": state.params, "batch_stats": state.batch_stats}
-  return jitted_gradients(config, models, variables, batch, jax.random.key(3), jnp.float32(weight))
 
 
 # ---------------------------------------------------------------- fidelity to the official code

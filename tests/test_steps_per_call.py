@@ -1,7 +1,6 @@
 """config.steps_per_call: K optimiser steps in one jitted call are K single steps, and a run
 with K > 1 evaluates, logs, checkpoints, stops and resumes on the same steps as K = 1."""
 
-import functools
 import json
 import signal
 
@@ -10,10 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests import runs, test_faults
+from tests import runs
 from tests.config_files import load_config
 from tests.runs import TINY, metrics, run
-from tests.test_faults import _after_step, _WatchedRun
 from vitboot_jax import checkpoint, configlib, sharding, steps, train, workdirs
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.errors import ConfigError
@@ -160,12 +158,13 @@ def test_four_steps_a_call_leave_the_run_of_one(vit_runs):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_within_one_call_and_resumes(vit_runs, image_folder, tmp_path, monkeypatch):
+def test_sigterm_saves_within_one_call_and_resumes(vit_runs, image_folder, tmp_path):
   """The stop lands on the end of a call and the resumed run repeats the uninterrupted one."""
   _, k4 = vit_runs
   workdir = tmp_path / "k4_terminated"
-  monkeypatch.setattr(test_faults, "command", functools.partial(runs.command, config=VIT))
-  watched = _WatchedRun(workdir, image_folder, _after_step(13), sig=signal.SIGTERM, overrides=K4)
+  watched = runs.WatchedRun(
+    workdir, image_folder, runs.after_step(13), sig=signal.SIGTERM, overrides=K4, config=VIT
+  )
   assert watched.wait() == 128 + signal.SIGTERM, "".join(watched.log)[-3000:]
   stopped = [line for line in watched.log if "Stopped by SIGTERM after step" in line]
   assert len(stopped) == 1, "".join(watched.log)[-3000:]
