@@ -77,6 +77,7 @@ def _assert_usage_error(proc, *needles, lines=1):
     ([f"--config={QUICKSTART}", "--config.batch_size=abc"], ["--config.batch_size=abc"]),
     ([f"--config={QUICKSTART}:mode=bootstrap"], ["mode='bootstrap' is unknown"]),
     ([f"--config={QUICKSTART}", "--config.mode=bootstrap"], ["config.mode='bootstrap'"]),
+    ([f"--config={QUICKSTART}:mode=vit,form=paper"], ["mode 'vit'", "has no feature term"]),
     ([f"--config={QUICKSTART}", "--bogus=1"], ["bogus"]),
     ([f"--config={QUICKSTART}", "extra"], ["unexpected arguments: extra"]),
     (["--config.batch_size=8"], ["--config is required"]),

@@ -350,7 +350,8 @@ def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
       "recipe)"
     )
   hint_variant = (
-    loss.feature_until < 1.0
+    loss.feature_loss != "official"
+    or loss.feature_until < 1.0
     or loss.feature_gate > 0
     or loss.feature_layers > 0
     or loss.feature_projector != "none"
