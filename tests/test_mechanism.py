@@ -357,4 +357,28 @@ def test_the_report_gives_the_hint_ratio_per_epoch(tmp_path):
   report = sweep_report.build_report(table, s)
   entry = next(r for r in report["rows"] if r["name"] == joint.name)
   assert entry["hint_grad_ratio"] == {0: [5.0, 1.0]}
-  assert "| joint | 0 | 5 | 1 |" in sweep_report.table_markdown(report)
+  assert entry["hint_grad_ratio_applied"] == {}
+  markdown = sweep_report.table_markdown(report)
+  assert "| joint | 0 | 5 | 1 |" in markdown and "before the cap" not in markdown
+
+
+def test_the_report_gives_a_capped_rows_hint_ratio_before_the_cap_and_applied(tmp_path):
+  table = sweep_tables.TABLES["mechanism"]
+  s = sweep_runs.settings(table, root=str(tmp_path), seeds=[0])
+  wd = tmp_path / "joint_balance1_seed0"
+  wd.mkdir()
+  scale = "train/feature_balance_scale"
+  records = [
+    {"step": 20, "epoch": 0.5, "train/hint_grad_ratio": 8.0, scale: 0.125},
+    {"step": 40, "epoch": 1.0, "train/hint_grad_ratio": 4.0, scale: 0.25},
+    {"step": 60, "epoch": 1.5, "train/hint_grad_ratio": 0.5, scale: 1.0},
+  ]
+  (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  (wd / "final.json").write_text(json.dumps({"epochs": 5, "top1_vit": 0.3, "top1_agent": 0.4}))
+  report = sweep_report.build_report(table, s)
+  entry = next(r for r in report["rows"] if r["name"] == "joint_balance1")
+  assert entry["hint_grad_ratio"] == {0: [6.0, 0.5]}
+  assert entry["hint_grad_ratio_applied"] == {0: [1.0, 0.5]}  # The cap of 1, where it bound.
+  markdown = sweep_report.table_markdown(report)
+  assert "| joint_balance1, before the cap | 0 | 6 | 0.5 |" in markdown
+  assert "| joint_balance1, applied | 0 | 1 | 0.5 |" in markdown

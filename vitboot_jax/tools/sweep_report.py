@@ -50,19 +50,23 @@ def spread(values: Sequence[float]) -> dict[str, Any] | None:
 
 # A training metric averaged per epoch in the report (runs with a feature term log it).
 RATIO = "train/hint_grad_ratio"
+# The hint share's scale under balance= (its cap): RATIO is measured before it, so times it applied.
+CAP_SCALE = "train/feature_balance_scale"
 
 
-def epoch_means(workdir: epath.Path, key: str) -> list[float]:
-  """The mean of `key` over the logged steps of each epoch (1-based: steps of epoch e have
-  e - 1 < step / steps_per_epoch <= e); [] where the run never logged it."""
+def epoch_means(workdir: epath.Path, key: str, times: str | None = None) -> list[float]:
+  """The mean of `key` (times `times` of the same step, where given) over the logged steps of each
+  epoch (1-based: steps of epoch e have e - 1 < step / steps_per_epoch <= e); [] where the run
+  never logged them."""
   path = workdir / "metrics.jsonl"
   if not path.exists():
     return []
   sums: dict[int, list[float]] = {}
   for line in path.read_text().splitlines():
     record = json.loads(line)
-    if key in record and "epoch" in record:
-      sums.setdefault(math.ceil(record["epoch"] - 1e-9), []).append(float(record[key]))
+    if key in record and "epoch" in record and (times is None or times in record):
+      value = float(record[key]) * (1.0 if times is None else float(record[times]))
+      sums.setdefault(math.ceil(record["epoch"] - 1e-9), []).append(value)
   return [statistics.fmean(sums[e]) for e in sorted(sums)]
 
 
@@ -156,6 +160,12 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
         seed: ratio
         for seed in sorted(finals)
         if (ratio := epoch_means(absolute(workdir(s, row, seed)), RATIO))
+      },
+      # The same with the cap applied, where the hint's gradient was capped (balance=).
+      "hint_grad_ratio_applied": {
+        seed: ratio
+        for seed in sorted(finals)
+        if (ratio := epoch_means(absolute(workdir(s, row, seed)), RATIO, times=CAP_SCALE))
       },
       "evaluations": {
         seed: evaluations(absolute(workdir(s, row, seed))) for seed in sorted(finals)
@@ -261,18 +271,32 @@ def table_markdown(report: dict[str, Any]) -> str:
   ratios = [r for r in report["rows"] if r.get("hint_grad_ratio")]
   if ratios:
     width = max(len(v) for r in ratios for v in r["hint_grad_ratio"].values())
+    capped = any(r.get("hint_grad_ratio_applied") for r in ratios)
     lines += [
       "",
       "The hint's pull on the ViT: the norm of the feature term's share of the ViT's gradient over "
-      "the cross-entropy's (`hint_grad_ratio`), mean over each epoch's logged steps, per seed:",
+      "the cross-entropy's (`hint_grad_ratio`), mean over each epoch's logged steps, per seed"
+      + (
+        "; a row whose hint gradient is capped (balance=) gives it before the cap and as applied "
+        "(times the cap's scale, `feature_balance_scale`, at each step):"
+        if capped
+        else ":"
+      ),
       "",
       "| row | seed | " + " | ".join(f"epoch {e + 1}" for e in range(width)) + " |",
       "|---|---|" + "---|" * width,
     ]
     for r in ratios:
-      for seed, values in r["hint_grad_ratio"].items():
-        cells = [f"{v:.3g}" for v in values] + [""] * (width - len(values))
-        lines.append(f"| {r['name']} | {seed} | " + " | ".join(cells) + " |")
+      series = [(r["name"], r["hint_grad_ratio"])]
+      if r.get("hint_grad_ratio_applied"):
+        series = [
+          (f"{r['name']}, before the cap", r["hint_grad_ratio"]),
+          (f"{r['name']}, applied", r["hint_grad_ratio_applied"]),
+        ]
+      for name, by_seed in series:
+        for seed, values in by_seed.items():
+          cells = [f"{v:.3g}" for v in values] + [""] * (width - len(values))
+          lines.append(f"| {name} | {seed} | " + " | ".join(cells) + " |")
   compared = [r for r in report["rows"] if r.get("vs_reference")]
   if compared:
     lines += ["", *reference_markdown(report, compared)]
