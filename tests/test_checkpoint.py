@@ -240,7 +240,19 @@ def _remove_a_file(step_dir):
   return "is missing"
 
 
-_DAMAGES = [_overwrite_data, _truncate_data_files, _garble_metadata, _remove_a_file]
+def _remove_the_record(step_dir):
+  """A deleted record, or a copy that missed it: the step's own metadata says it had one."""
+  os.remove(step_dir / ckpt_lib.CHECKSUM_FILE)
+  return f"its {ckpt_lib.CHECKSUM_FILE} is missing, though its save wrote one"
+
+
+_DAMAGES = [
+  _overwrite_data,
+  _truncate_data_files,
+  _garble_metadata,
+  _remove_a_file,
+  _remove_the_record,
+]
 
 
 # Orbax's abandoned readers of a failed restore raise "unraisable" errors when collected.
@@ -324,24 +336,72 @@ def test_checksums_cover_every_file_of_the_save(tmp_path, mesh):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize("damage", [None, _truncate_data_files])
-def test_steps_saved_before_checksums_restore_unverified(tmp_path, mesh, damage, caplog):
-  """Workdirs of earlier versions: no record, no warning; files that fail to read are damage."""
-  _save_steps(tmp_path, mesh, [10, 20])
+def test_a_reader_refuses_a_step_whose_record_is_gone_by_name(tmp_path, mesh):
+  """Every read-only path: the tools' Checkpointer, stored_tree (export, adam_state) and
+  init_from / agent_init_from."""
+  from vitboot_jax import init_from
+
+  tiny = {"params": {"vit": {"w": np.ones(3, np.float32)}, "agent": {"k": np.ones(2, np.float32)}}}
+  tiny["batch_stats"] = {"agent": {"mean": np.zeros(2, np.float32)}}
+  with ckpt_lib.Checkpointer(tmp_path, async_save=False) as ckpt:
+    for step in (10, 20):
+      ckpt.save(step, tiny, force=True)
   root = tmp_path / "checkpoints"
-  for step in ("10", "20"):
-    os.remove(root / step / ckpt_lib.CHECKSUM_FILE)
+  cause = _remove_the_record(root / "20")
+  before = snapshot(root)
+
+  def read_only():
+    with ckpt_lib.Checkpointer(tmp_path, read_only=True) as ckpt:
+      ckpt.restore_latest(tiny)
+
+  for read in (
+    read_only,
+    lambda: ckpt_lib.stored_tree(root / "20"),
+    lambda: init_from.read_orbax_vit(str(tmp_path)),
+    lambda: init_from.read_orbax_agent(str(root)),
+  ):
+    with pytest.raises(ckpt_lib.CorruptCheckpointError) as info:
+      read()
+    message = str(info.value)
+    assert message.startswith(f"Checkpoint {root / '20'} (step 20) is damaged: {cause}")
+    assert "Nothing was changed" in message and "to use step 10" in message and "\n" not in message
+  assert snapshot(root) == before
+
+
+def _saved_before_records(monkeypatch):
+  """Saves as versions before checksums did: no record and no flag in the item's metadata."""
+  from vitboot_jax import checkpoint
+
+  plain = ckpt_lib.ocp.StandardCheckpointHandler
+  monkeypatch.setattr(checkpoint._ChecksummedHandler, "async_save", plain.async_save)
+  monkeypatch.setattr(checkpoint._ChecksummedHandler, "finalize", plain.finalize)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("damage", [None, _truncate_data_files])
+def test_steps_saved_before_checksums_restore_unverified(
+  tmp_path, mesh, damage, caplog, monkeypatch
+):
+  """Workdirs of earlier versions: no record, a warning; files that fail to read are damage."""
+  with monkeypatch.context() as old_version:
+    _saved_before_records(old_version)
+    _save_steps(tmp_path, mesh, [10, 20])
+  root = tmp_path / "checkpoints"
+  assert not (root / "20" / ckpt_lib.CHECKSUM_FILE).exists()
   if damage:
     damage(root / "20")
   with caplog.at_level("WARNING"), ckpt_lib.Checkpointer(tmp_path) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
   warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  unverified = f"has no {ckpt_lib.CHECKSUM_FILE}: it was saved before checkpoints recorded"
   if damage is None:
-    assert step == 20 and not warnings
+    assert step == 20 and len(warnings) == 1
+    assert warnings[0].startswith(f"Checkpoint {root / '20'} {unverified}")
     assert_same(restored, make_state(mesh, seed=20))
   else:
-    assert step == 10 and len(warnings) == 1
+    assert step == 10 and len(warnings) == 2  # Step 20's metadata fails to read: damage.
     assert warnings[0].startswith("Checkpoint step 20 is damaged (")
+    assert warnings[1].startswith(f"Checkpoint {root / '10'} {unverified}")
     assert os.listdir(root / ckpt_lib.DAMAGED_SUBDIR)[0].startswith("20-")
 
 

@@ -31,8 +31,9 @@ missing file is found before a single array is used. A step that fails verificat
 fails to read back on its own terms, is damaged: `restore_latest` moves it to
 `checkpoints/damaged/<step>-<UTC time>` (never deleted) with one warning and falls back to the
 next older step; if none is intact it raises `DamagedCheckpointsError` (exit 2) naming them all.
-Read-only readers (the tools, `init_from`) move nothing and refuse a damaged step by name. Steps
-written before checksums existed have no record: they restore unverified, as they always did.
+Read-only readers (the tools, `init_from`) move nothing and refuse a damaged step by name. A
+step whose record is gone is damaged too (its metadata says its save wrote one); only steps saved
+before checksums existed restore unverified, with a warning.
 A changed model or config raises `CheckpointMismatchError` and a bad requested sharding a plain
 `CheckpointError`: those files are intact and never moved.
 
@@ -78,7 +79,7 @@ INCOMPLETE_SUBDIR = "incomplete"
 # Where damaged steps are moved, out of orbax's sight (never deleted).
 DAMAGED_SUBDIR = "damaged"
 # The item name orbax gives a single unnamed item (the step's `default/` subdirectory).
-_ITEM = "default"
+_ITEM = checksums.ITEM
 
 
 class CheckpointError(RuntimeError):
@@ -150,11 +151,17 @@ def _has_marker(step_dir: epath.PathLike) -> bool:
 
 
 class _ChecksummedHandler(ocp.StandardCheckpointHandler):
-  """Orbax's handler, recording every file's checksum once the item's files are final.
+  """Orbax's handler, recording every file's checksum once the item's files are final, and
+  flagging in the item's metadata that it does (checksums.py).
 
   Orbax calls `finalize` on process 0 only, after every process's writes have finished and
   before the commit marker: in the background thread of an asynchronous save.
   """
+
+  async def async_save(self, directory: Any, item=None, save_args=None, args=None) -> Any:
+    if args is not None:  # A synchronous `save` runs through here too.
+      args = dataclasses.replace(args, custom_metadata=checksums.with_flag(args.custom_metadata))
+    return await super().async_save(directory, item, save_args, args)
 
   def finalize(self, directory: epath.Path) -> None:
     super().finalize(directory)  # Merges the per-process databases: the last write of the item.
