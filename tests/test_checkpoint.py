@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import time
 
@@ -567,34 +568,166 @@ def test_checkpoint_cost_benchmark_prints_every_field(tmp_path):
   assert os.listdir(tmp_path) == []  # Every trial's directory is removed.
 
 
+@pytest.fixture
+def console(monkeypatch, capsys):
+  """What absl's handler prints (main's and the tools' console), from a fresh start of quiet."""
+  import logging
+
+  from absl import logging as absl_logging
+
+  class Console:
+    text = ""
+
+    def getvalue(self):  # Before absl's flags are parsed (as here) it prints to stderr.
+      self.text += capsys.readouterr().err
+      return self.text
+
+  monkeypatch.setattr(quiet_lib, "_FAILURES", quiet_lib._HeldFailures())
+  monkeypatch.setattr(logging.getLogger(), "handlers", [absl_logging.get_absl_handler()])
+  quiet_lib.quiet_library_failures()
+  return Console()
+
+
+def _orbax_error(message):
+  """An ERROR record as orbax's code logs it (through absl, from a file of orbax's)."""
+  import logging
+
+  path = "/site-packages/orbax/checkpoint/_src/futures/future.py"
+  logging.getLogger("absl").handle(
+    logging.LogRecord("absl", logging.ERROR, path, 1, message, (), None)
+  )
+
+
+def test_orbax_errors_are_quiet_only_inside_a_save_or_restore_that_reports_them(
+  tmp_path, mesh, console, monkeypatch
+):
+  _orbax_error("unrelated: outside any save")
+  assert console.getvalue().count("unrelated: outside any save") == 1
+  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+    plain_save = ckpt._manager.save
+
+    def logging_save(*args, **kwargs):
+      _orbax_error("logged during a save that succeeds")
+      return plain_save(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt._manager, "save", logging_save)
+    assert ckpt.save(1, make_state(mesh), force=True)
+    deadline = time.time() + 60
+    while "during a save that succeeds" not in console.getvalue() and time.time() < deadline:
+      ckpt.should_save(2)  # The loop's call: it learns that the background save is done.
+      time.sleep(0.01)
+    assert console.getvalue().count("logged during a save that succeeds") == 1  # Shown, once.
+
+    def failing_save(*args, **kwargs):
+      _orbax_error("orbax's own account of the failure")
+      raise ValueError("NOT_FOUND: injected")
+
+    monkeypatch.setattr(ckpt._manager, "save", failing_save)
+    with pytest.raises(ckpt_lib.CheckpointSaveError, match="NOT_FOUND: injected"):
+      ckpt.save(2, make_state(mesh), force=True)
+  assert "orbax's own account" not in console.getvalue()  # Said once: in our error.
+  _orbax_error("unrelated: after the failure")
+  assert "unrelated: after the failure" in console.getvalue()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_failed_background_save_is_said_once(tmp_path, mesh, console, monkeypatch):
+  """Orbax's own records of a failed background write (its thread's and its wait's) are
+  dropped: our error says it."""
+  import errno
+
+  def full_disk(self, directory):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
+
+  monkeypatch.setattr(ckpt_lib._ChecksummedHandler, "finalize", full_disk)
+  ckpt = ckpt_lib.Checkpointer(tmp_path)
+  ckpt.save(1, make_state(mesh), force=True)
+  with pytest.raises(ckpt_lib.CheckpointSaveError, match="No space left on device"):
+    deadline = time.time() + 60
+    while time.time() < deadline:
+      ckpt.should_save(2)
+      time.sleep(0.01)
+  assert "Traceback" not in console.getvalue()
+  assert not re.findall(r"^E\d{4} .*", console.getvalue(), re.MULTILINE)
+  _orbax_error("unrelated: after the failure")
+  assert "unrelated: after the failure" in console.getvalue()
+
+
 def test_library_failure_chatter_is_held_back_unless_debugging(monkeypatch):
   import logging
   import sys
-  import types
 
   from absl import logging as absl_logging
+
+  monkeypatch.setattr(quiet_lib, "_FAILURES", quiet_lib._HeldFailures())
 
   def record(path, level, msg, name="absl"):
     return logging.LogRecord(name, level, path, 1, msg, None, None)
 
+  def unraisable(error):
+    """What the interpreter hands its hook for an exception raised in a finaliser."""
+    caught = []
+    monkeypatch.setattr(sys, "unraisablehook", caught.append)
+
+    class Finalised:
+      def __del__(self):
+        raise error
+
+    Finalised()
+    monkeypatch.undo()
+    monkeypatch.setattr(quiet_lib, "_FAILURES", failures)
+    return caught[0]
+
+  failures = quiet_lib._FAILURES
   quiet = quiet_lib._QuietLibraryFailures()
   orbax_file = "/site-packages/orbax/checkpoint/_src/futures/future.py"
-  assert not quiet.filter(record(orbax_file, logging.ERROR, "_SignalingThread.run() raised"))
-  assert quiet.filter(record(orbax_file, logging.WARNING, "a warning stays"))
-  assert quiet.filter(record("/vitboot_jax/main.py", logging.ERROR, "our own line"))
-  never = "Future exception was never retrieved"
-  assert not quiet.filter(record("/asyncio/base_events.py", logging.ERROR, never, "asyncio"))
+  orbax_error = record(orbax_file, logging.ERROR, "_SignalingThread.run() raised")
+  never = record(
+    "/asyncio/base_events.py", logging.ERROR, "Future exception was never retrieved", "asyncio"
+  )
   seen = []
   hook = quiet_lib._quiet_unraisable_hook(seen.append)
-  closed = types.SimpleNamespace(
-    exc_value=RuntimeError("Event loop is closed"), exc_traceback=None, object=None
-  )
-  other = types.SimpleNamespace(exc_value=ValueError("ours"), exc_traceback=None, object=None)
+  closed = unraisable(RuntimeError("Event loop is closed"))
+  other = unraisable(ValueError("ours"))
+  # Outside our calls, with nothing reported: everything shows.
+  assert quiet.filter(orbax_error) and quiet.filter(never)
   hook(closed)
   hook(other)
-  assert seen == [other]
-  monkeypatch.setattr(absl_logging, "level_debug", lambda: True)  # --verbosity=1 shows all.
-  assert quiet.filter(record(orbax_file, logging.ERROR, "_SignalingThread.run() raised"))
+  assert seen == [closed, other]
+  # Inside one: held; a failure reported drops them, and later leftovers (collected futures and
+  # coroutines) stay quiet while orbax's own errors show again.
+  quiet_lib.hold_library_failures()
+  assert not quiet.filter(orbax_error) and not quiet.filter(never)
+  assert quiet.filter(record(orbax_file, logging.WARNING, "a warning stays"))
+  assert quiet.filter(record("/vitboot_jax/main.py", logging.ERROR, "our own line"))
   hook(closed)
-  assert seen == [other, closed]
+  quiet_lib.settle_library_failures(reported=True)
+  assert seen == [closed, other]
+  assert quiet.filter(orbax_error) and not quiet.filter(never)
+  hook(closed)
+  hook(other)
+  assert seen == [closed, other, other]
+  monkeypatch.setattr(absl_logging, "level_debug", lambda: True)  # --verbosity=1 shows all.
+  assert quiet.filter(never)
+  hook(closed)
+  assert seen == [closed, other, other, closed]
   assert sys.unraisablehook is not hook  # Building the hook installs nothing.
+
+
+def test_what_a_call_held_shows_when_it_succeeds(monkeypatch):
+  import logging
+  import sys
+
+  monkeypatch.setattr(quiet_lib, "_FAILURES", quiet_lib._HeldFailures())
+  shown = []
+  monkeypatch.setattr(sys, "unraisablehook", quiet_lib._quiet_unraisable_hook(shown.append))
+  from absl import logging as absl_logging
+
+  monkeypatch.setattr(absl_logging.get_absl_handler(), "handle", shown.append)
+  error = logging.LogRecord("absl", logging.ERROR, "/orbax/x.py", 1, "held", None, None)
+  with quiet_lib.library_failures_held():
+    assert not quiet_lib._QuietLibraryFailures().filter(error)
+    with quiet_lib.library_failures_held():  # Nested: shown once the outer call ends too.
+      pass
+    assert shown == []
+  assert shown == [error]

@@ -38,8 +38,9 @@ A changed model or config raises `CheckpointMismatchError` and a bad requested s
 `CheckpointError`: those files are intact and never moved.
 
 Output. Orbax, tensorstore and asyncio log a failed save or restore several times over (hundreds
-of lines of background tracebacks); the error raised here says it in one line, so their ERROR
-records are shown only at debug verbosity (`--verbosity=1`; quiet.quiet_library_failures).
+of lines of background tracebacks); the error raised here says it in one line, so what they log
+while a save or restore is outstanding is held, dropped when it fails and shown when it does not;
+at debug verbosity (`--verbosity=1`) everything shows (quiet.py).
 
 The record itself is checksums.py. This module stays over 500 lines because its one concern, the
 Checkpointer's life cycle, cannot be read in parts: each step of save, restore and start-up
@@ -64,9 +65,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from vitboot_jax import checksums, errors, sharding, workdir_claim
+from vitboot_jax import checksums, errors, quiet, sharding, workdir_claim
 from vitboot_jax.checksums import CHECKSUM_FILE, verify  # noqa: F401 (the readers' names)
-from vitboot_jax.quiet import quiet_library_failures
 from vitboot_jax.workdirs import CHECKPOINT_SUBDIR, COMMIT_MARKER
 
 PyTree = Any
@@ -219,7 +219,7 @@ class Checkpointer:
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
     for args_type in (ocp.args.StandardSave, ocp.args.StandardRestore):
       registry.add(_ITEM, args_type, _ChecksummedHandler)
-    quiet_library_failures()
+    self._writes_held = False  # A save's library failure reports are held until it settles.
     self._manager = ocp.CheckpointManager(
       self._directory,
       options=ocp.CheckpointManagerOptions(
@@ -254,16 +254,9 @@ class Checkpointer:
     Also raises CheckpointSaveError as soon as a background save has failed, so a loop that asks
     every step learns of it at once rather than at the next save.
     """
-    self._raise_background_failure()
+    if self._writes_held and not self._manager.is_saving_in_progress():
+      self.wait()  # Raises a background save's failure, or shows what orbax logged meanwhile.
     return bool(self._save_every) and step > 0 and step % self._save_every == 0
-
-  def _raise_background_failure(self) -> None:
-    # Orbax keeps a failed background save's error in its finalize thread until the next wait;
-    # peeking at that thread (no public API) costs nothing and never blocks.
-    holder = getattr(self._manager, "_finalize_thread", None)
-    thread = holder.get() if holder is not None and hasattr(holder, "get") else None
-    if thread is not None and not thread.is_alive() and getattr(thread, "exception", None):
-      self.wait()
 
   def save(self, step: int, state: PyTree, *, force: bool = False) -> bool:
     """Saves `state` as step `step` if it is due (or `force`); returns whether it saved.
@@ -291,9 +284,15 @@ class Checkpointer:
       return False
     if refusal is not None:
       raise refusal
+    if not self._writes_held:
+      quiet.hold_library_failures()
+      self._writes_held = True
     with self._naming_save_failures(step):
       # Due-ness is decided above; force=True keeps orbax from re-deciding with its own policy.
-      return self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+      saved = self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+    if not self._manager.is_saving_in_progress():  # Synchronous: committed already.
+      self._settle_writes(reported=False)
+    return saved
 
   def _check_before_save(self, step: int) -> None:
     """Raises what stops this process from saving `step` (_AlreadySaved: skip it)."""
@@ -338,7 +337,10 @@ class Checkpointer:
       CheckpointMismatchError: The checkpoint is readable but its tree or shapes differ.
       CheckpointError: The files are intact but cannot be restored as requested.
     """
-    step = int(step)
+    with quiet.library_failures_held():  # Any error leaving is ours, in one line.
+      return self._restore(abstract_state, int(step))
+
+  def _restore(self, abstract_state: PyTree, step: int) -> PyTree:
     damage = None
     if jax.process_index() == 0:  # One reader of the record suffices: the files are shared.
       problem = verify(self.step_dir(step))
@@ -437,6 +439,7 @@ class Checkpointer:
     """Blocks until any asynchronous save has been committed (and re-raises its error)."""
     with self._naming_save_failures(None):
       self._manager.wait_until_finished()
+    self._settle_writes(reported=False)
 
   def close(self) -> None:
     """Completes pending saves and releases orbax's threads."""
@@ -449,11 +452,18 @@ class Checkpointer:
     try:
       yield
     except CheckpointError:
+      self._settle_writes(reported=True)
       raise
     except Exception as error:  # Orbax and tensorstore raise many types; each is one line.
+      self._settle_writes(reported=True)
       what = f"step {step}" if step is not None else "a checkpoint"
       message = self.write_failure(f"Saving {what} under {self._directory}", error)
       raise CheckpointSaveError(message) from error
+
+  def _settle_writes(self, reported: bool) -> None:
+    if self._writes_held:
+      self._writes_held = False
+      quiet.settle_library_failures(reported)
 
   def write_failure(self, what: str, error: BaseException) -> str:
     """One line for a failed write into the run: `what` (e.g. "Writing RUN/metrics.jsonl"), the
@@ -623,10 +633,14 @@ def stored_tree(step_dir: epath.PathLike) -> PyTree:
   Verifies the step's checksums first. Raises CorruptCheckpointError naming the step.
   """
   step_dir = absolute(step_dir)  # Else orbax's refusal of a relative path would read as damage.
+  with quiet.library_failures_held():
+    return _stored_tree(step_dir)
+
+
+def _stored_tree(step_dir: epath.Path) -> PyTree:
   problem = verify(step_dir)
   if problem is not None:
     raise damaged_step_error(step_dir, problem, complete_steps(step_dir.parent))
-  quiet_library_failures()
   handler = ocp.PyTreeCheckpointHandler()
   try:
     return handler.metadata(step_dir / _ITEM).tree
@@ -641,6 +655,11 @@ def read_on_host(step_dir: epath.PathLike, wanted: PyTree) -> PyTree:
   """The arrays of `wanted` (a subtree of `stored_tree(step_dir)`, which verified the step) as
   numpy, on the host; the rest (e.g. the optimizer state) is not read. Reads only."""
   step_dir = absolute(step_dir)
+  with quiet.library_failures_held():
+    return _read_on_host(step_dir, wanted)
+
+
+def _read_on_host(step_dir: epath.Path, wanted: PyTree) -> PyTree:
   handler = ocp.PyTreeCheckpointHandler()
   try:
     target = jax.tree.map(lambda m: np.empty(m.shape, m.dtype), wanted)
