@@ -1,7 +1,8 @@
 """The integrity record of a checkpoint step: every file's size and CRC32, written by the save
-before its commit marker (checkpoint.py's handler) and checked before a restore or a tool reads
-the step. CRC32 catches bit rot, bad copies and partial overwrites (as TensorFlow's bundles and
-object stores check theirs); it is not a defence against deliberate tampering.
+before its commit marker (ChecksummedHandler, the Checkpointer's orbax handler) and checked
+before a restore or a tool reads the step. CRC32 catches bit rot, bad copies and partial
+overwrites (as TensorFlow's bundles and object stores check theirs); it is not a defence against
+deliberate tampering.
 
 A save that records checksums also says so in its item's own metadata (orbax's
 `custom_metadata`), so a step whose record was deleted or not copied is damaged, never read
@@ -15,27 +16,49 @@ warning.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import os
 import zlib
+from typing import Any
 
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
 from vitboot_jax import errors
+from vitboot_jax.checkpoint_steps import ITEM
 
 # The size and CRC32 of every file of a step, written before its commit marker.
 CHECKSUM_FILE = "checksums.json"
 # The key of the item's custom metadata that says the save wrote CHECKSUM_FILE.
 RECORDED_KEY = "checksums"
-# The item (subdirectory of a step) whose metadata carries the flag.
-ITEM = "default"
 
 # zlib.crc32 releases the GIL on large buffers: files are checked in parallel, in 8 MiB reads.
 _READ_BYTES = 8 << 20
 
 _CHECK_THREADS = 8
+
+
+class ChecksummedHandler(ocp.StandardCheckpointHandler):
+  """Orbax's handler, recording every file's checksum once the item's files are final, and
+  flagging in the item's metadata that it does.
+
+  Orbax calls `finalize` on process 0 only, after every process's writes have finished and
+  before the commit marker: in the background thread of an asynchronous save.
+  """
+
+  async def async_save(self, directory: Any, item=None, save_args=None, args=None) -> Any:
+    if args is not None:  # A synchronous `save` runs through here too.
+      args = dataclasses.replace(args, custom_metadata=_with_flag(args.custom_metadata))
+    return await super().async_save(directory, item, save_args, args)
+
+  def finalize(self, directory: epath.Path) -> None:
+    super().finalize(directory)  # Merges the per-process databases: the last write of the item.
+    directory = epath.Path(directory)
+    # `directory` may still carry orbax's temporary name; it becomes `<step>/<ITEM>`.
+    # Before the commit marker: a kill here leaves an incomplete step, which is set aside.
+    record(directory, directory.parent, prefix=ITEM)
 
 
 def record(directory: epath.Path, step_dir: epath.Path, prefix: str) -> None:
@@ -83,7 +106,7 @@ def verify(step_dir: epath.PathLike) -> str | None:
   return problems[0] + more
 
 
-def with_flag(custom_metadata: dict | None) -> dict:
+def _with_flag(custom_metadata: dict | None) -> dict:
   """The item's custom metadata of a save that records its checksums."""
   return {**(custom_metadata or {}), RECORDED_KEY: CHECKSUM_FILE}
 

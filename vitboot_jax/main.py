@@ -139,7 +139,7 @@ def main(argv):
     )
     if bf16_warning:
       logging.warning("%s", bf16_warning)
-  from vitboot_jax import checkpoint, ending, preemption
+  from vitboot_jax import checkpoint_errors, ending, preemption
 
   with ending.watching():  # One process's failure ends every process, with its line.
     try:
@@ -149,7 +149,7 @@ def main(argv):
     except preemption.Preempted as stopped:
       logging.warning("%s", stopped)
       sys.exit(stopped.exit_code)
-    except (train.NonFiniteError, train.WriteError, checkpoint.CheckpointError) as error:
+    except (train.NonFiniteError, train.WriteError, checkpoint_errors.CheckpointError) as error:
       ending.fail(str(error), 1)  # The message names the step, the files and the fix.
     except Exception as error:
       if jax.process_count() == 1:

@@ -1,9 +1,9 @@
 """Library chatter kept off the console: TensorFlow's C++ start-up lines and orbax, tfds and JAX
 INFO logs (warnings and errors still show), and TensorFlow imported without them and with its GPUs
 hidden, since it is only ever the input pipeline; and the tracebacks orbax, tensorstore and
-asyncio print for a failed save or restore that checkpoint.py says in one line: only those, held
-while our save or restore is outstanding and dropped when we raise its failure, so an orbax error
-we did not report still shows.
+asyncio print for a failed save or restore that the checkpoint modules say in one line: only
+those, held while our save or restore is outstanding and dropped when we raise its failure, so an
+orbax error we did not report still shows.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Output, one JSON object per line:
      flight), "busy_step_s" (the same step while a save is written in the background),
      "restore_s" (Checkpointer.restore into the trainer's abstract state; with checksums it
      verifies first).
-  3. {"verify_s", "verify_bytes_per_s"}: checkpoint.verify of one step alone, median.
+  3. {"verify_s", "verify_bytes_per_s"}: checksums.verify of one step alone, median.
   4. {"summary": ...}: what the checksums add to each of the times above (s and %).
 """
 
@@ -45,7 +45,7 @@ import orbax.checkpoint as ocp
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import checkpoint, cli, progress, sharding
+from vitboot_jax import checkpoint, checksums, cli, progress, sharding
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.cpu import host_memory
 
@@ -62,7 +62,7 @@ def _variant(name: str, finalize_times: list[float]) -> Iterator[None]:
   """The product ("checksums") or the record switched off ("none": orbax's own save and
   finalize, as a step saved before records); either way each finalize (in the background thread)
   is timed into `finalize_times`."""
-  handler = checkpoint._ChecksummedHandler  # Private: only this benchmark patches it.
+  handler = checksums.ChecksummedHandler  # Only this benchmark patches it.
   product, product_save = handler.finalize, handler.async_save
   plain = ocp.StandardCheckpointHandler
   finalize = product if name == "checksums" else plain.finalize
@@ -163,7 +163,7 @@ class _Trials:
       step_dir = os.fspath(ckpt.step_dir(self.saved))
       out["step_dir_bytes"], out["files"] = _dir_size(step_dir)
       if variant == "checksums":
-        out["verify_s"], problem = _timed(lambda: checkpoint.verify(step_dir))
+        out["verify_s"], problem = _timed(lambda: checksums.verify(step_dir))
         assert problem is None, problem
       # restore() is what a resume runs per step: with a record it verifies first.
       out["restore_s"], _ = _timed(
