@@ -653,9 +653,12 @@ def test_orbax_errors_are_quiet_only_inside_a_save_or_restore_that_reports_them(
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_a_failed_background_save_is_said_once(tmp_path, mesh, console, monkeypatch):
+@pytest.mark.parametrize("done_before_save_returns", [False, True])
+def test_a_failed_background_save_is_said_once_and_at_once(
+  tmp_path, mesh, console, monkeypatch, done_before_save_returns
+):
   """Orbax's own records of a failed background write (its thread's and its wait's) are
-  dropped: our error says it."""
+  dropped: our error says it, by the loop's next call, however soon the write failed."""
   import errno
 
   def full_disk(self, directory):
@@ -663,11 +666,23 @@ def test_a_failed_background_save_is_said_once(tmp_path, mesh, console, monkeypa
 
   monkeypatch.setattr(checksums.ChecksummedHandler, "finalize", full_disk)
   ckpt = ckpt_lib.Checkpointer(tmp_path)
-  ckpt.save(1, make_state(mesh), force=True)
+  if done_before_save_returns:  # A small state on a full disk: the write fails at once.
+    plain_save = ckpt._manager.save
+
+    def save_and_finish(*args, **kwargs):
+      saved = plain_save(*args, **kwargs)
+      while ckpt._manager.is_saving_in_progress():
+        time.sleep(0.01)
+      return saved
+
+    monkeypatch.setattr(ckpt._manager, "save", save_and_finish)
   with pytest.raises(checkpoint_errors.CheckpointSaveError, match="No space left on device"):
+    ckpt.save(1, make_state(mesh), force=True)
     deadline = time.time() + 60
     while time.time() < deadline:
       ckpt.should_save(2)
+      if done_before_save_returns:
+        break  # It was raised by now, or never is.
       time.sleep(0.01)
   assert "Traceback" not in console.getvalue()
   assert not re.findall(r"^E\d{4} .*", console.getvalue(), re.MULTILINE)

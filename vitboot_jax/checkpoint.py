@@ -170,8 +170,8 @@ class Checkpointer:
     with self._naming_save_failures(step):
       # Due-ness is decided above; force=True keeps orbax from re-deciding with its own policy.
       saved = self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
-    if not self._manager.is_saving_in_progress():  # Synchronous: committed already.
-      self._settle_writes(reported=False)
+    if not self._manager.is_saving_in_progress():  # Synchronous, or a background save done.
+      self.wait()  # Raises its failure now, or shows what orbax logged.
     return saved
 
   def _check_before_save(self, step: int) -> None:
