@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from tests import tiny_steps
-from vitboot_jax import checkpoint, errors, optim, workdirs
+from vitboot_jax import checkpoint, checkpoint_read, errors, optim, workdirs
 from vitboot_jax.tools import adam_state
 
 
@@ -76,7 +76,7 @@ def test_reads_each_models_moments_from_a_runs_checkpoints(tmp_path, monkeypatch
     np.testing.assert_allclose(row["param_norm"], norm, rtol=1e-6)
   assert rows[1]["params"] == sum(x.size for x in jax.tree.leaves(state.params["vit"]))
   # The library's readers take a relative step directory too (not reported as damage).
-  assert "opt_state" in checkpoint.stored_tree("run/checkpoints/2")
+  assert "opt_state" in checkpoint_read.stored_tree("run/checkpoints/2")
 
   (tmp_path / "empty").mkdir()
   (tmp_path / "empty" / workdirs.CONFIG_FILE).write_text((run / workdirs.CONFIG_FILE).read_text())

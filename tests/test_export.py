@@ -12,7 +12,15 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests.config_files import REPO, load_config
-from vitboot_jax import checkpoint, configlib, errors, init_from, kernel_sets, metrics
+from vitboot_jax import (
+  checkpoint,
+  checkpoint_errors,
+  configlib,
+  errors,
+  init_from,
+  kernel_sets,
+  metrics,
+)
 from vitboot_jax.models import convert, pretrained
 from vitboot_jax.models.build import build_models, build_vit
 from vitboot_jax.tools import export
@@ -222,7 +230,7 @@ def test_relative_workdir_and_a_damaged_step_refused_by_name(tmp_path, monkeypat
     lambda: export.export("run", "timm", "x.safetensors"),
     lambda: init_from.read_vit_params("run/checkpoints"),
   ):
-    with pytest.raises(checkpoint.CorruptCheckpointError) as info:
+    with pytest.raises(checkpoint_errors.CorruptCheckpointError) as info:
       read()
     message = str(info.value)
     assert isinstance(info.value, errors.UsageError) and "\n" not in message  # Exit 2.

@@ -20,7 +20,7 @@ import pytest
 from tests import runs
 from tests.config_files import load_config
 from tests.runs import command, env, metrics, run
-from vitboot_jax import checkpoint, preemption, train
+from vitboot_jax import checkpoint, checkpoint_errors, checkpoint_steps, preemption, train, workdirs
 from vitboot_jax.data import splits, tfdata_pipeline
 
 # Triggers of runs.WatchedRun besides runs.after_step: its log line, or its checkpoint directory.
@@ -106,7 +106,7 @@ def test_sigterm_mid_epoch_saves_exits_cleanly_and_resumes(uninterrupted, image_
   assert len(stopped) == 1 and "Re-run the same command to resume" in stopped[0]
   step = int(stopped[0].split("after step ")[1].split(":")[0])
   assert 13 <= step < 30  # Mid-epoch: the step in flight finished, then it saved and stopped.
-  assert (workdir / "checkpoints" / str(step) / checkpoint.COMMIT_MARKER).exists()
+  assert (workdir / "checkpoints" / str(step) / workdirs.COMMIT_MARKER).exists()
   assert max(r["step"] for r in metrics(workdir)) == step
   assert not (workdir / "final.json").exists()
   proc = run(workdir, image_folder)
@@ -129,7 +129,7 @@ def test_sigterm_during_an_evaluation_saves_the_step_unevaluated_and_resumes(
   assert "Traceback" not in log
   assert "The evaluation of step 10 stopped early; it runs again on resume." in log
   assert "Stopped by SIGTERM after step 10" in log
-  assert (workdir / "checkpoints" / "10" / checkpoint.COMMIT_MARKER).exists()
+  assert (workdir / "checkpoints" / "10" / workdirs.COMMIT_MARKER).exists()
   assert not [r for r in metrics(workdir) if "eval/top1_vit" in r]
   proc = run(workdir, image_folder, *one_image_batches)
   assert "Resuming from the checkpoint of step 10" in proc.stderr
@@ -262,7 +262,7 @@ def test_full_disk_save_fails_clearly_and_keeps_the_older_checkpoint(small_disk)
   with checkpoint.Checkpointer(small_disk) as ckpt:
     assert ckpt.save(1, state, force=True)
     ckpt.wait()
-    with pytest.raises(checkpoint.CheckpointSaveError) as info:
+    with pytest.raises(checkpoint_errors.CheckpointSaveError) as info:
       ckpt.save(2, {"w": state["w"] + 1}, force=True)
       deadline = time.time() + 60
       while time.time() < deadline:  # The loop asks every step: the failure shows at once.
@@ -396,7 +396,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(uninterrupted, image_
     line = next(x for x in log.splitlines() if "Stopped by SIGTERM after step" in x)
     stopped_at.append(int(line.split("after step ")[1].split(":")[0]))
   assert stopped_at[0] == stopped_at[1] and 9 <= stopped_at[0] < 30, stopped_at
-  assert (workdir / "checkpoints" / str(stopped_at[0]) / checkpoint.COMMIT_MARKER).exists()
+  assert (workdir / "checkpoints" / str(stopped_at[0]) / workdirs.COMMIT_MARKER).exists()
 
   procs = start()
   for proc in procs:
@@ -515,7 +515,7 @@ def test_a_save_failing_on_one_process_ends_every_process(image_folder, tmp_path
   assert code == 1, line
   assert line.startswith(f"Saving step 4 under {root} failed: No space left on device"), line
   assert "resumes from the newest complete checkpoint (none yet)" in line
-  assert not checkpoint.complete_steps(root)
+  assert not checkpoint_steps.complete_steps(root)
   assert not (workdir / "claim.json").exists()
 
 
@@ -565,7 +565,7 @@ def test_second_run_on_a_held_workdir_refuses_and_the_first_is_intact(image_fold
   assert [r["step"] for r in records if "eval/top1_vit" in r] == [10, 20, 30]
   root = workdir / "checkpoints"
   assert sorted(os.listdir(root)) == ["24", "28", "30"]  # keep 3; nothing moved aside.
-  assert all((root / s / checkpoint.COMMIT_MARKER).exists() for s in os.listdir(root))
+  assert all((root / s / workdirs.COMMIT_MARKER).exists() for s in os.listdir(root))
   assert not (workdir / "claim.json").exists()
   assert json.loads((workdir / "final.json").read_text())["resumed_from_step"] == 0
 

@@ -10,7 +10,7 @@ import optax
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from vitboot_jax import checkpoint, errors
+from vitboot_jax import checkpoint, checkpoint_steps, errors
 from vitboot_jax.tools import hessian
 
 
@@ -28,7 +28,7 @@ def test_lanczos_finds_both_ends_of_a_known_spectrum():
 
 @pytest.mark.slow
 def test_a_runs_checkpoint_gives_bounds_the_loss_surface_respects(uninterrupted):
-  last = checkpoint.complete_steps(uninterrupted / "checkpoints")[-1]
+  last = checkpoint_steps.complete_steps(uninterrupted / "checkpoints")[-1]
   (row,) = hessian.curvature(str(uninterrupted), [last], "vit", images=40, iterations=12)
   assert row["step"] == last and row["model"] == "vit" and row["limit"] == pytest.approx(38.0)
   logged = [json.loads(line) for line in (uninterrupted / "metrics.jsonl").read_text().splitlines()]

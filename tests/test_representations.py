@@ -8,7 +8,7 @@ import pytest
 from jax.tree_util import keystr, tree_flatten_with_path
 
 from tests import runs, without_tensorflow
-from vitboot_jax import checkpoint, errors
+from vitboot_jax import checkpoint_steps, errors
 from vitboot_jax.tools import representations
 
 
@@ -45,7 +45,7 @@ def test_attention_entropy_runs_from_zero_to_uniform():
 
 @pytest.mark.slow
 def test_a_runs_checkpoints_give_a_row_per_step_for_every_block(uninterrupted, tmp_path):
-  steps = checkpoint.complete_steps(uninterrupted / "checkpoints")
+  steps = checkpoint_steps.complete_steps(uninterrupted / "checkpoints")
   rows = representations.read_workdir(str(uninterrupted), None, images=40)
   assert [r["step"] for r in rows] == steps
   for row in rows:

@@ -12,7 +12,7 @@ import pytest
 from tests import runs
 from tests.config_files import load_config
 from tests.runs import TINY, metrics, run
-from vitboot_jax import checkpoint, configlib, sharding, steps, train, workdirs
+from vitboot_jax import configlib, sharding, steps, train, workdirs
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.errors import ConfigError
 
@@ -171,7 +171,7 @@ def test_sigterm_saves_within_one_call_and_resumes(vit_runs, image_folder, tmp_p
   step = int(stopped[0].split("after step ")[1].split(":")[0])
   # Calls end at 16, 20, 24, 28 after step 13's: the signal's call, or the next if it came late.
   assert step in (16, 20, 24, 28)
-  assert (workdir / "checkpoints" / str(step) / checkpoint.COMMIT_MARKER).exists()
+  assert (workdir / "checkpoints" / str(step) / workdirs.COMMIT_MARKER).exists()
   proc = run(workdir, image_folder, *K4, config=VIT)
   assert f"Resuming from the checkpoint of step {step}" in proc.stderr
   want, got = _train_records(k4), _train_records(workdir)

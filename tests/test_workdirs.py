@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from vitboot_jax import checkpoint, configlib, errors, workdir_claim, workdirs
@@ -32,9 +33,11 @@ def _write_run(workdir, config, *, checkpoint_step=None, finished=False):
     (workdir / workdirs.FINAL_FILE).write_text(json.dumps({"step": 30, "top1_vit": 0.5}))
 
 
-def test_layout_matches_checkpoint_module():
-  assert workdirs.CHECKPOINT_SUBDIR == checkpoint.CHECKPOINT_SUBDIR
-  assert workdirs.COMMIT_MARKER == checkpoint.COMMIT_MARKER
+def test_layout_is_where_the_checkpointer_writes(tmp_path):
+  with checkpoint.Checkpointer(tmp_path, async_save=False) as ckpt:
+    assert ckpt.directory == tmp_path / workdirs.CHECKPOINT_SUBDIR
+    ckpt.save(1, {"w": np.zeros(2)}, force=True)
+  assert workdirs.has_checkpoint(tmp_path)  # Through COMMIT_MARKER: the name orbax writes.
 
 
 def test_fresh_workdir_is_accepted_and_not_created(tmp_path):

@@ -25,7 +25,7 @@ import optax
 from absl import logging
 from etils import epath
 
-from vitboot_jax import checkpoint
+from vitboot_jax import checkpoint_read, checkpoint_steps, workdirs
 from vitboot_jax.models import attention_init, pretrained
 from vitboot_jax.state import TrainState
 
@@ -78,11 +78,11 @@ def _read_numpy_file(path: str, suffix: str) -> dict[str, np.ndarray]:
 
 def _orbax_step_dir(path: epath.Path) -> epath.Path:
   """The step directory named by a workdir, its checkpoints/ directory or a step directory."""
-  if (path / checkpoint.COMMIT_MARKER).exists():
+  if (path / workdirs.COMMIT_MARKER).exists():
     return path
-  if (path / checkpoint.CHECKPOINT_SUBDIR).is_dir():
-    path = path / checkpoint.CHECKPOINT_SUBDIR
-  steps = checkpoint.complete_steps(path)
+  if (path / workdirs.CHECKPOINT_SUBDIR).is_dir():
+    path = path / workdirs.CHECKPOINT_SUBDIR
+  steps = checkpoint_steps.complete_steps(path)
   if not steps:
     raise FileNotFoundError(
       f"config.init_from={path} is a directory without a complete orbax checkpoint; give a "
@@ -98,8 +98,8 @@ def _read_orbax_model(
   `path`, and its step directory (`modes`: the modes without it and with it, for the error); a
   damaged step (its files fail the checksums of its save) is refused by name, never replaced by
   an older one."""
-  step_dir = _orbax_step_dir(checkpoint.absolute(path))  # Orbax reads absolute paths only.
-  stored = checkpoint.stored_tree(step_dir)
+  step_dir = _orbax_step_dir(checkpoint_steps.absolute(path))  # Orbax reads absolute paths only.
+  stored = checkpoint_read.stored_tree(step_dir)
   stored = stored if isinstance(stored, dict) else {}
   if stored.get("params", {}).get(name) is None:
     raise ValueError(
@@ -108,7 +108,7 @@ def _read_orbax_model(
     )
   # Only this model's arrays are read, as numpy on the host (the optimizer state is skipped).
   wanted = {c: {name: stored.get(c, {}).get(name, {})} for c in collections}
-  restored = checkpoint.read_on_host(step_dir, wanted)
+  restored = checkpoint_read.read_on_host(step_dir, wanted)
   return step_dir, {c: restored[c][name] for c in collections}
 
 

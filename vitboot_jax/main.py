@@ -5,8 +5,8 @@ Overrides: `--config.batch_size=128 --config.data.dir=/data/cifar10`; every fiel
 checkpoint in DIR; a finished run exits at once; another config in DIR is refused, and so are a
 second run while one holds DIR (DIR/claim.json), a resume on changed data (DIR/data.json) and
 checkpoints without DIR/config.json (--adopt_config declares the command's config theirs). A
-damaged checkpoint (its files fail the checksums of the save) is moved to DIR/checkpoints/damaged/
-and the run resumes from the newest intact one.
+damaged checkpoint (its files fail the checksums of the save, or that record is gone) is moved
+to DIR/checkpoints/damaged/ and the run resumes from the newest intact one.
 
 Data: a tfds dataset is downloaded and prepared on first use into config.data.dir or tfds' default
 directory ($TFDS_DATA_DIR, else ~/tensorflow_datasets); an image folder is
@@ -139,7 +139,7 @@ def main(argv):
     )
     if bf16_warning:
       logging.warning("%s", bf16_warning)
-  from vitboot_jax import checkpoint, ending, preemption
+  from vitboot_jax import checkpoint_errors, ending, preemption
 
   with ending.watching():  # One process's failure ends every process, with its line.
     try:
@@ -149,7 +149,7 @@ def main(argv):
     except preemption.Preempted as stopped:
       logging.warning("%s", stopped)
       sys.exit(stopped.exit_code)
-    except (train.NonFiniteError, train.WriteError, checkpoint.CheckpointError) as error:
+    except (train.NonFiniteError, train.WriteError, checkpoint_errors.CheckpointError) as error:
       ending.fail(str(error), 1)  # The message names the step, the files and the fix.
     except Exception as error:
       if jax.process_count() == 1:

@@ -27,10 +27,15 @@ from vitboot_jax import configlib, errors, workdir_claim
 CONFIG_FILE = "config.json"
 DATA_FILE = "data.json"
 FINAL_FILE = "final.json"
-# The checkpoint layout, here so it loads before JAX and orbax; checkpoint.py imports it.
+# The checkpoint layout, here so it loads before JAX and orbax; the checkpoint modules import it.
 CHECKPOINT_SUBDIR = "checkpoints"
-# Written by orbax 0.12 into every step directory at commit, in both atomicity modes.
+# Written by orbax 0.12 into every step directory at commit, in both atomicity modes (a test
+# checks it against orbax's own name).
 COMMIT_MARKER = "commit_success.txt"
+# Under CHECKPOINT_SUBDIR: where step directories of saves that never finished are moved, and
+# where damaged steps are, out of orbax's sight (never deleted).
+INCOMPLETE_SUBDIR = "incomplete"
+DAMAGED_SUBDIR = "damaged"
 # Fields that may change between runs without changing the experiment.
 VOLATILE_FIELDS = frozenset(
   {

@@ -29,7 +29,7 @@ import numpy as np
 from absl import app, flags
 from etils import epath
 
-from vitboot_jax import checkpoint, cli, errors, quiet, workdirs
+from vitboot_jax import checkpoint_read, cli, errors, quiet, workdirs
 from vitboot_jax.optim import owner
 
 _ADAM_STATE_KEYS = frozenset({"count", "mu", "nu"})
@@ -76,9 +76,9 @@ def moment_stats(mu: Any, nu: Any, count: int, b1: float, b2: float, eps: float)
 
 def read_step(step_dir: epath.Path, b1: float, b2: float, eps: float) -> list[dict]:
   """The rows of one checkpoint step: one per model and Adam state."""
-  stored = checkpoint.stored_tree(step_dir)
+  stored = checkpoint_read.stored_tree(step_dir)
   wanted = {part: _arrays_only(stored[part]) for part in ("opt_state", "params")}
-  values = checkpoint.read_on_host(step_dir, wanted)
+  values = checkpoint_read.read_on_host(step_dir, wanted)
   rows = []
   for path, state in adam_states(values["opt_state"]):
     # Under multi_transform (joint mode) each model's chain sits at inner_states/<model>.
@@ -100,7 +100,7 @@ def adam_checkpoints(
 ) -> tuple[epath.Path, Any, epath.Path, list[int]]:
   """(absolute workdir, its config, its checkpoint directory, the steps to read: `steps` or every
   complete one, oldest first) of a run trained with Adam; anything else is one UsageError line."""
-  root, steps = checkpoint.steps_to_read(workdir, steps)
+  root, steps = checkpoint_read.steps_to_read(workdir, steps)
   config = workdirs.read_config(root)
   if config.optim.name != "adamw":
     raise errors.UsageError(

@@ -53,12 +53,12 @@ class Run:
 
 def read_run(workdir: str, step: int | None = None) -> Run:
   """The config and the ViT/agent weights of `workdir`'s newest complete step (or `step`)."""
-  from vitboot_jax import checkpoint
+  from vitboot_jax import checkpoint_read, checkpoint_steps
 
-  root = checkpoint.absolute(workdir)  # Orbax reads absolute paths only; users type relative.
+  root = checkpoint_steps.absolute(workdir)  # Orbax reads absolute paths only; users type relative.
   config = workdirs.read_config(root)
   directory = root / workdirs.CHECKPOINT_SUBDIR
-  steps = checkpoint.complete_steps(directory)
+  steps = checkpoint_steps.complete_steps(directory)
   if not steps:
     raise errors.WorkdirError(
       f"--workdir={workdir} holds no complete checkpoint ({directory}/<step>/"
@@ -69,12 +69,12 @@ def read_run(workdir: str, step: int | None = None) -> Run:
   elif step not in steps:
     raise errors.WorkdirError(f"--step={step} is not a complete checkpoint of {workdir}: {steps}")
   step_dir = directory / str(step)
-  stored = checkpoint.stored_tree(step_dir)  # Verifies the step: a damaged one is refused.
+  stored = checkpoint_read.stored_tree(step_dir)  # Verifies the step: a damaged one is refused.
   wanted = {
     "params": {k: v for k, v in stored["params"].items() if k in ("vit", "agent")},
     "batch_stats": {k: v for k, v in (stored.get("batch_stats") or {}).items() if k == "agent"},
   }
-  restored = checkpoint.read_on_host(step_dir, wanted) if wanted["params"] else wanted
+  restored = checkpoint_read.read_on_host(step_dir, wanted) if wanted["params"] else wanted
   left_out = sorted(k for k in stored["params"] if k.startswith("drloc_"))
   return Run(config, step, restored["params"], restored.get("batch_stats") or {}, left_out)
 

@@ -32,7 +32,17 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from vitboot_jax import checkpoint, cli, configlib, errors, losses, quiet, sharding, workdirs
+from vitboot_jax import (
+  checkpoint,
+  checkpoint_read,
+  cli,
+  configlib,
+  errors,
+  losses,
+  quiet,
+  sharding,
+  workdirs,
+)
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.tools import visualize
@@ -90,7 +100,7 @@ def read_workdir(
   workdir: str, steps: Sequence[int | str] | None, images: int, seed: int = 0
 ) -> list[dict]:
   """The rows of `workdir`'s checkpoints (every complete one, or `steps`), oldest first."""
-  root, steps = checkpoint.steps_to_read(workdir, steps)
+  root, steps = checkpoint_read.steps_to_read(workdir, steps)
   config = visualize.inspection_config(workdirs.read_config(root))
   configlib.validate(config)
   trainer = trainer_lib.build(config, sharding.make_mesh(), steps_per_epoch=1)

@@ -81,10 +81,10 @@ def load_variables(
   if workdir is None:
     state: TrainState = trainer.initial_state()
     return {"params": state.params, "batch_stats": state.batch_stats}, None
-  ckpt_dir = epath.Path(workdir) / checkpoint.CHECKPOINT_SUBDIR
+  ckpt_dir = epath.Path(workdir) / workdirs.CHECKPOINT_SUBDIR
   if not ckpt_dir.exists():  # Checked first: the Checkpointer would create the directory.
     raise errors.WorkdirError(
-      f"--workdir={workdir} has no {checkpoint.CHECKPOINT_SUBDIR}/; train there first, or "
+      f"--workdir={workdir} has no {workdirs.CHECKPOINT_SUBDIR}/; train there first, or "
       "give --config instead to look at the freshly initialised model"
     )
   with checkpoint.Checkpointer(workdir, keep=None, async_save=False, read_only=True) as ckpt:
