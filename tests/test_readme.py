@@ -50,3 +50,19 @@ def test_tool_modules_in_readme_exist():
   tools = set(re.findall(r"python -m (vitboot_jax(?:\.\w+)+)", README))
   missing = sorted(t for t in tools if not (root / (t.replace(".", "/") + ".py")).is_file())
   assert not missing, f"README runs modules that do not exist: {missing}"
+
+
+def test_the_code_map_names_every_module():
+  section = README[README.index("## Code map") : README.index("## Documentation")]
+  package = ROOT / "vitboot_jax"
+  unnamed = []
+  for path in sorted(package.rglob("*.py")):
+    if path.name == "__init__.py":
+      continue
+    stem = path.stem
+    named = re.search(rf"[`/]{re.escape(stem)}\.py`", section) or (
+      path.parent.name == "data" and f"`{stem}`" in section
+    )
+    if not named:
+      unnamed.append(str(path.relative_to(ROOT)))
+  assert not unnamed, f"README's code map does not name: {unnamed}"
