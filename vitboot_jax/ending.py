@@ -22,7 +22,7 @@ from typing import NoReturn
 
 from absl import logging
 
-from vitboot_jax import cli, workdir_claim
+from vitboot_jax import cli, errors, workdir_claim
 
 # The key of the first failure's line and exit code; set once, by the process that failed first.
 _KEY = "vitboot_jax/ending"
@@ -30,6 +30,9 @@ _KEY = "vitboot_jax/ending"
 _POLL_MS = 1000
 # How long a process whose failure came second waits to read the first one.
 _READ_MS = 60_000
+# How long an unforeseen error waits for another process's line: that process's leaving can be
+# what surfaced here (a cancelled read of the store), published just before.
+_SETTLE_MS = 2_000
 # How long a process waits for the others to leave the service with it (a wedged one never does).
 _LEAVE_S = 60.0
 
@@ -96,6 +99,24 @@ def fail(message: str, code: int) -> NoReturn:
     except Exception:  # The service is gone: this process's own line is all there is.
       pass
   _leave(*_decode(encoded))
+
+
+def fail_unforeseen(error: Exception) -> NoReturn:
+  """Ends the run on an error this process did not foresee: with the line another process
+  published first, if any (its failure may be what raised here), else with this error's first
+  line, its traceback logged."""
+  import jax
+
+  try:
+    published = _client().blocking_key_value_get(_KEY, _SETTLE_MS)
+  except Exception:  # Nothing published (the read timed out), or the service is gone.
+    published = None
+  if published is not None:
+    if not _ENDING.acquire(blocking=False):
+      threading.Event().wait()  # The watcher is ending this process with the published line.
+    _leave(*_decode(published))
+  logging.error("Process %d failed:", jax.process_index(), exc_info=error)
+  fail(f"Process {jax.process_index()} failed: {errors.first_line(error)}", 1)
 
 
 def _end(message: str, code: int) -> None:

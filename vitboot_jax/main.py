@@ -154,8 +154,7 @@ def main(argv):
     except Exception as error:
       if jax.process_count() == 1:
         raise
-      logging.exception("Process %d failed:", jax.process_index())
-      ending.fail(f"Process {jax.process_index()} failed: {errors.first_line(error)}", 1)
+      ending.fail_unforeseen(error)  # Another process's line first, if it failed first.
 
 
 if __name__ == "__main__":
