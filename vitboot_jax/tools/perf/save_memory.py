@@ -207,10 +207,12 @@ def main(argv: Sequence[str]) -> None:
       shutil.rmtree(directory, ignore_errors=True)
     print(json.dumps(line), flush=True)
     return
-  library, _ = _jemalloc()
+  compared = settings(_MALLOC_CONF.value)
+  # Only jemalloc settings need the library: the system's malloc alone runs anywhere (a GPU host).
+  library = _jemalloc()[0] if any(compared.values()) else ""
   lines = []
   for _ in range(_ROUNDS.value):
-    for name, conf in settings(_MALLOC_CONF.value).items():  # Alternating: ABAB...
+    for name, conf in compared.items():  # Alternating: ABAB...
       for schedule in SCHEDULES:
         lines.append({"setting": name, **_child(schedule, conf, library)})
         print(json.dumps(lines[-1]), flush=True)
