@@ -1,5 +1,7 @@
 """CPU hosts re-execute under jemalloc/tcmalloc: when, with what environment, and its effect."""
 
+import ctypes.util
+import json
 import os
 import platform
 import subprocess
@@ -50,6 +52,54 @@ def test_reexecution_under_the_allocator_stops_the_page_faults():
   assert faults < system_faults / 4  # ~0 seen (0.2-0.4 per call).
 
 
+# Asynchronous saves of a 28 MB state shaped like a ViT's (weights and Adam's two moments) on 2
+# CPU devices, as train.py saves it, each after two donated steps; prints the resident set (MiB)
+# after every save.
+_SAVES = """
+import os, sys, tempfile
+import jax, jax.numpy as jnp, numpy as np
+from vitboot_jax import checkpoint, quiet, sharding
+quiet.libraries()
+w, saves = 256, int(sys.argv[1])
+shapes = [(w, 3 * w), (w, w), (w, 4 * w), (4 * w, w), (3 * w,), (w,), (4 * w,), (w,)] * 9
+rng = np.random.default_rng(0)
+replicated = sharding.replicated(sharding.make_mesh())
+state = [jax.device_put(rng.standard_normal(s, np.float32), replicated) for s in shapes]
+step = jax.jit(lambda s: [x * 1.0001 + jnp.tanh(x) * 1e-6 for x in s], donate_argnums=0)
+ckpt = checkpoint.Checkpointer(tempfile.mkdtemp(), keep=2)
+for i in range(1, 2 * saves + 1):
+  state = jax.block_until_ready(step(state))
+  if i % 2 == 0:
+    ckpt.save(i, state, force=True)
+    print(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20)
+ckpt.close()
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="LD_PRELOAD: Linux only")
+@pytest.mark.slow
+def test_memory_stays_flat_over_saves_under_the_products_jemalloc():
+  """jemalloc as main runs it (host_memory.ALLOCATORS) reuses what every save frees: from the
+  6th to the 24th save this program grew 23-30 MiB under it, and 86-130 MiB under what main
+  set before issue 66 (decay off alone; 2-core VM, docs/performance.md), growing by ~5 MiB a
+  save without end."""
+  library = ctypes.util.find_library("jemalloc")
+  if library is None:
+    pytest.skip("libjemalloc is not installed (apt install libjemalloc2)")
+  env = {
+    **os.environ,
+    **dict(host_memory.ALLOCATORS)["jemalloc"],
+    "LD_PRELOAD": library,
+    host_memory.PRELOADED: library,
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+  }
+  argv = [sys.executable, "-c", _SAVES, "24"]
+  out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
+  rss = [int(line) for line in out.split()]
+  assert len(rss) == 24
+  assert rss[-1] - rss[5] < 50, rss
+
+
 @pytest.fixture
 def cpu_host(monkeypatch):
   monkeypatch.setattr(host_memory.platform, "system", lambda: "Linux")
@@ -92,3 +142,25 @@ def test_no_reexecution_on_accelerator_hosts_or_without_a_library(cpu_host, monk
 def test_jax_platforms_cpu_means_no_accelerator(monkeypatch):
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   assert not host_memory.accelerator_plugin_installed()
+
+
+@pytest.mark.slow
+def test_save_memory_benchmark_lines_and_summary(tmp_path):
+  """tools/perf/save_memory in this process (the test's allocator): its child's line for each
+  schedule, and the summary over settings, as the tool prints them."""
+  from tests.config_files import load_config
+  from vitboot_jax.tools.perf import save_memory
+
+  config = load_config("tiny_config", "mode=vit")
+  lines = []
+  for name in ("product", "before"):
+    for schedule in save_memory.SCHEDULES:
+      line = save_memory.run_schedule(config, schedule, 3, 2, str(tmp_path / name / schedule))
+      lines.append({"setting": name, **json.loads(json.dumps(line))})
+  every, once = lines[:2]
+  assert (every["saves"], once["saves"]) == (3, 1) and every["steps"] == once["steps"] == 6
+  assert len(every["rss_bytes"]) == 3 and every["peak_rss_bytes"] >= max(every["rss_bytes"])
+  assert every["state_bytes"] > 0 and every["step_s"] > 0 and every["minor_faults_per_step"] >= 0
+  summary = save_memory.summarise(lines)
+  assert summary["product"]["peak_every_over_once"] > 0
+  assert summary["step_s_before_over_product_once"] > 0

@@ -263,12 +263,15 @@ def train_and_evaluate(
 
   writer = metrics.MetricWriter(workdir, flush_every_steps=config.checkpoint_every_steps)
   writer.truncate_after(start_step if restored is not None else -1)
+  # 0 ("the platform's choice") resolved: the log line and config.json say what the calls run.
+  steps_per_call = configlib.steps_per_call(config, mesh.devices.flat[0].platform)
   if jax.process_index() == 0:
-    metrics.write_json(workdir / workdirs.CONFIG_FILE, json.loads(config.to_json_best_effort()))
+    recorded = json.loads(config.to_json_best_effort())
+    recorded["steps_per_call"] = steps_per_call
+    metrics.write_json(workdir / workdirs.CONFIG_FILE, recorded)
     metrics.write_json(workdir / workdirs.DATA_FILE, data_record)
 
   eval_every = eval_interval(config, steps_per_epoch)
-  steps_per_call = configlib.steps_per_call(config, mesh.devices.flat[0].platform)
   progress_log = progress.Progress(
     total_steps=total_steps,
     steps_per_epoch=steps_per_epoch,

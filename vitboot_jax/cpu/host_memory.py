@@ -20,6 +20,8 @@ import pkgutil
 import platform
 import sys
 
+from vitboot_jax.cpu import devices
+
 OPT_OUT = "VITBOOT_SYSTEM_MALLOC"  # Set to 1 to keep the system's malloc.
 PRELOADED = "VITBOOT_PRELOADED_ALLOCATOR"  # Set on re-execution: the library preloaded.
 SYSTEM = "system malloc"
@@ -27,9 +29,18 @@ HINT = (
   " CPU steps run 1.3-1.5x faster under jemalloc or tcmalloc, used when installed "
   "(apt install libjemalloc2)."
 )
+
+
+# jemalloc's settings (docs/performance.md, issue 66): never return freed pages (decay off), so
+# a step's buffers are reused without page faults; split any free extent for any request
+# (lg_extent_max_active_fit at its maximum; by default never for a request under 1/64 of the
+# extent, so with decay off the extents each asynchronous save freed stayed resident for good
+# and the process grew by about the state's size per save); one arena per core, not four: each
+# arena keeps its own freed pages, and no more threads than cores run at once.
+JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,lg_extent_max_active_fit:64,narenas:{cores}"
 # (library name for find_library, environment it needs), in order of preference.
 ALLOCATORS = (
-  ("jemalloc", {"MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1"}),  # Never return pages.
+  ("jemalloc", {"MALLOC_CONF": JEMALLOC_CONF.format(cores=devices.usable_cores())}),
   ("tcmalloc_minimal", {}),
   ("tcmalloc", {}),
 )

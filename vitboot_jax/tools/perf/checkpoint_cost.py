@@ -45,7 +45,7 @@ import orbax.checkpoint as ocp
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import checkpoint, checksums, cli, progress, sharding
+from vitboot_jax import checkpoint, checksums, cli, quiet, sharding
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.cpu import host_memory
 
@@ -232,7 +232,7 @@ def measure(config: Any, repeats: int, steps: int, directory: str) -> list[dict[
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {argv[1:]}")
-  progress.quiet_libraries()
+  quiet.libraries()
   directory = _DIR.value or tempfile.mkdtemp(prefix="checkpoint_cost_")
   try:
     for line in measure(_CONFIG.value, _REPEATS.value, _STEPS.value, directory):
