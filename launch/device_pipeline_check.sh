@@ -10,11 +10,14 @@
 #    orbax checkpoint every CKPT (default 100).
 # 4. run_b: the same command, a SIGTERM once checkpoint CKPT exists, the same command again to
 #    the end; resume.json compares its losses and evaluations with run_a's.
-# 5. bench.jsonl: benchmark --loop_steps (the loop with the device feed vs the step alone).
+# 5. run_k1: run_a's command with one step a call (config.steps_per_call=1; run_a runs the
+#    platform's default, 8 on accelerators, or K); calls.json compares its losses at every logged
+#    step and its final evaluation with run_a's, against the tolerances written below.
+# 6. bench.jsonl: benchmark --loop_steps (the loop with the device feed vs the step alone).
 # summary.json gathers the numbers. Each part is time-boxed (PART_S, default 240 s); compiled
 # programs are cached in JAX_COMPILATION_CACHE_DIR (default /tmp/vitboot_jax_cache) so runs after
 # the first skip most compilation. A toy check on CPU:
-#   CONFIG=tests/tiny_config.py STEPS=12 CKPT=4 EXTRA="--config.data.eval_batch_size=40" \
+#   CONFIG=tests/tiny_config.py STEPS=12 CKPT=4 K=4 EXTRA="--config.data.eval_batch_size=40" \
 #     JAX_PLATFORMS=cpu bash launch/device_pipeline_check.sh /tmp/check
 set -uo pipefail
 out=$(realpath -m "${1:?usage: device_pipeline_check.sh OUT [NPZ_DIR]}")
@@ -69,8 +72,8 @@ flags=("--config=$config" --config.data.name=npz "--config.data.dir=$npz"
   --config.data.train_fraction=1.0 "--config.total_steps=$steps"
   "--config.eval_every_steps=$((steps / 2))" "--config.checkpoint_every_steps=$ckpt"
   --config.log_every_steps=10 ${EXTRA:-})
-main=(python -m vitboot_jax.main "${flags[@]}")
-rm -rf "$out/run_a" "$out/run_b"
+main=(python -m vitboot_jax.main "${flags[@]}" "--config.steps_per_call=${K:-0}")
+rm -rf "$out/run_a" "$out/run_b" "$out/run_k1"
 run run_a.log "${main[@]}" "--workdir=$out/run_a"
 
 start=$SECONDS
@@ -113,6 +116,46 @@ print(json.dumps({
 EOF
 cat "$out/resume.json"
 
+run run_k1.log "${main[@]}" --config.steps_per_call=1 "--workdir=$out/run_k1"
+# K steps a call run the same program as K single steps, but XLA fuses the scan's body otherwise:
+# values agree to rounding, not bits. Tolerances from that rounding: bf16 (8 significant bits)
+# moves a logit by up to 2^-9 relative, ~0.2% of a loss, and Adam's update lr*m/(sqrt(v)+eps)
+# turns a rounding-level gradient difference near zero into an O(lr) step (float32 on CPU: 0.2%
+# of the shared step's entries after 4 steps, tests/test_steps_per_call.py), so the runs drift
+# apart as two roundings of one run do: 1% on each logged loss up to step 50, 3% after it (a
+# batch's loss moves ~10% step to step), each model's final top-1 within 1.5 points.
+python - "$out" >"$out/calls.json" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def records(name):
+  path = out / name / "metrics.jsonl"
+  return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+def final(name):
+  path = out / name / "final.json"
+  return json.loads(path.read_text()) if path.exists() else {}
+keys = ("train/loss_vit", "train/loss_agent")
+a = {(r["step"], k): r[k] for r in records("run_a") for k in keys if k in r}
+k1 = {(r["step"], k): r[k] for r in records("run_k1") for k in keys if k in r}
+rel = {key: abs(a[key] - k1[key]) / max(abs(a[key]), 1e-12) for key in set(a) & set(k1)}
+early = [v for (step, _), v in rel.items() if step <= 50]
+late = [v for (step, _), v in rel.items() if step > 50]
+fa, fk = final("run_a"), final("run_k1")
+top1 = {k: (fa.get(k), fk.get(k)) for k in ("top1_vit", "top1_agent") if k in fa or k in fk}
+diffs = [abs(x - y) * 100 for x, y in top1.values() if None not in (x, y)]
+config = out / "run_a" / "config.json"
+print(json.dumps({
+  "steps_per_call_a": json.loads(config.read_text()).get("steps_per_call") if config.exists() else None,
+  "losses_compared": len(rel),
+  "max_rel_loss_diff_to_step_50": max(early, default=None),
+  "max_rel_loss_diff_after_50": max(late, default=None),
+  "final_top1_a_k1": top1,
+  "max_top1_diff_points": max(diffs, default=None),
+  "within_tolerance": bool(rel) and bool(diffs) and max(early, default=0) <= 0.01
+  and max(late, default=0) <= 0.03 and max(diffs) <= 1.5,
+}))
+EOF
+cat "$out/calls.json"
+
 bench=(python -m vitboot_jax.tools.perf.benchmark "${flags[@]}" --modes=shared --steps=20
   --warmup=3 "--loop_steps=${LOOP_STEPS:-200}")
 run bench.jsonl "${bench[@]}"
@@ -127,6 +170,7 @@ summary = {
   "devices": (out / "devices.txt").read_text().strip().splitlines(),
   "parts": (out / "parts.txt").read_text().strip().splitlines(),
   "resume": json.loads((out / "resume.json").read_text() or "{}"),
+  "steps_per_call": json.loads((out / "calls.json").read_text() or "{}"),
   "step_s": mode.get("step_s"),
   "loop_step_s": mode.get("loop_step_s"),
   "loop_data_s": mode.get("loop_data_s"),
