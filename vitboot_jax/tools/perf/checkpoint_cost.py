@@ -49,10 +49,19 @@ from vitboot_jax import checkpoint, checksums, cli, quiet, sharding
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.cpu import host_memory
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Trials per variant (alternating).")
-_STEPS = flags.DEFINE_integer("steps", 4, "Synthetic steps timed with and without a save.")
-_DIR = flags.DEFINE_string("dir", None, "Where to save (default: a temporary directory).")
+# Defined by `define_flags` when run as a program, so tests can import this module beside other
+# tools that define the same names.
+_FLAGS: dict[str, Any] = {}
+
+
+def define_flags() -> None:
+  _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
+  _FLAGS["repeats"] = flags.DEFINE_integer("repeats", 3, "Trials per variant (alternating).")
+  _FLAGS["steps"] = flags.DEFINE_integer(
+    "steps", 4, "Synthetic steps timed with and without a save."
+  )
+  _FLAGS["dir"] = flags.DEFINE_string("dir", None, "Where to save (default: a temp directory).")
+
 
 VARIANTS = ("checksums", "none")
 
@@ -233,16 +242,19 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {argv[1:]}")
   quiet.libraries()
-  directory = _DIR.value or tempfile.mkdtemp(prefix="checkpoint_cost_")
+  directory = _FLAGS["dir"].value or tempfile.mkdtemp(prefix="checkpoint_cost_")
   try:
-    for line in measure(_CONFIG.value, _REPEATS.value, _STEPS.value, directory):
+    for line in measure(
+      _FLAGS["config"].value, _FLAGS["repeats"].value, _FLAGS["steps"].value, directory
+    ):
       print(json.dumps(line), flush=True)
   finally:
-    if _DIR.value is None:
+    if _FLAGS["dir"].value is None:
       shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":
+  define_flags()
   host_memory.reexec_with_allocator()
   flags.mark_flags_as_required(["config"])
   app.run(main)

@@ -54,20 +54,27 @@ from ml_collections import config_flags
 from vitboot_jax import cli
 from vitboot_jax.cpu import host_memory
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:args]).")
-_SAVES = flags.DEFINE_integer("saves", 30, "Saves of the 'every' schedule.")
-_EVERY = flags.DEFINE_integer("every", 3, "Steps between saves.")
-_ROUNDS = flags.DEFINE_integer("rounds", 1, "Rounds of every (setting, schedule) child.")
-_MALLOC_CONF = flags.DEFINE_multi_string(
-  "malloc_conf",
-  [],
-  "NAME=CONF, repeated: jemalloc settings to compare instead of 'product' and 'before'; NAME= "
-  "(no CONF): the system's malloc.",
-)
-_SCHEDULE = flags.DEFINE_enum(
-  "schedule", None, ["every", "once"], "Run this schedule in this process and print its line."
-)
-_DIR = flags.DEFINE_string("dir", None, "Where to save (default: a temporary directory).")
+# Defined by `define_flags` when run as a program, so tests can import this module beside other
+# tools that define the same names.
+_FLAGS: dict[str, Any] = {}
+
+
+def define_flags() -> None:
+  _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
+  _FLAGS["saves"] = flags.DEFINE_integer("saves", 30, "Saves of the 'every' schedule.")
+  _FLAGS["every"] = flags.DEFINE_integer("every", 3, "Steps between saves.")
+  _FLAGS["rounds"] = flags.DEFINE_integer("rounds", 1, "Rounds of every (setting, schedule) child.")
+  _FLAGS["malloc_conf"] = flags.DEFINE_multi_string(
+    "malloc_conf",
+    [],
+    "NAME=CONF, repeated: jemalloc settings to compare instead of 'product' and 'before'; NAME= "
+    "(no CONF): the system's malloc.",
+  )
+  _FLAGS["schedule"] = flags.DEFINE_enum(
+    "schedule", None, ["every", "once"], "Run this schedule in this process and print its line."
+  )
+  _FLAGS["dir"] = flags.DEFINE_string("dir", None, "Where to save (default: a temp directory).")
+
 
 SCHEDULES = ("every", "once")
 # host_memory's MALLOC_CONF before issue 66: pages never returned, nothing else set.
@@ -197,21 +204,27 @@ def summarise(lines: Sequence[dict]) -> dict[str, Any]:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {argv[1:]}")
-  if _SAVES.value < 2 or _EVERY.value < 1:
+  if _FLAGS["saves"].value < 2 or _FLAGS["every"].value < 1:
     cli.fail("--saves must be at least 2 and --every at least 1")
-  if _SCHEDULE.value:
-    directory = _DIR.value or tempfile.mkdtemp(prefix="save_memory_")
+  if _FLAGS["schedule"].value:
+    directory = _FLAGS["dir"].value or tempfile.mkdtemp(prefix="save_memory_")
     try:
-      line = run_schedule(_CONFIG.value, _SCHEDULE.value, _SAVES.value, _EVERY.value, directory)
+      line = run_schedule(
+        _FLAGS["config"].value,
+        _FLAGS["schedule"].value,
+        _FLAGS["saves"].value,
+        _FLAGS["every"].value,
+        directory,
+      )
     finally:
       shutil.rmtree(directory, ignore_errors=True)
     print(json.dumps(line), flush=True)
     return
-  compared = settings(_MALLOC_CONF.value)
+  compared = settings(_FLAGS["malloc_conf"].value)
   # Only jemalloc settings need the library: the system's malloc alone runs anywhere (a GPU host).
   library = _jemalloc()[0] if any(compared.values()) else ""
   lines = []
-  for _ in range(_ROUNDS.value):
+  for _ in range(_FLAGS["rounds"].value):
     for name, conf in compared.items():  # Alternating: ABAB...
       for schedule in SCHEDULES:
         lines.append({"setting": name, **_child(schedule, conf, library)})
@@ -220,7 +233,8 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-  if cli.flag_value(sys.argv[1:], _SCHEDULE.name):  # The parent only starts children.
+  define_flags()
+  if cli.flag_value(sys.argv[1:], "schedule"):  # The parent only starts children.
     host_memory.reexec_with_allocator()
   flags.mark_flags_as_required(["config"])
   app.run(main)
