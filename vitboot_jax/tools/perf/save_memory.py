@@ -20,7 +20,7 @@ whatever allocator it re-executes with (main's), and prints its line.
 
 Output, one JSON object per line:
   1. One line per child: {"setting", "malloc_conf", "schedule", "steps", "saves",
-     "state_bytes", "peak_rss_bytes" (getrusage's maximum resident set), "rss_bytes" (resident
+     "state_bytes", "peak_rss_bytes" (getrusage's maximum, or a later sample), "rss_bytes" (resident
      set after each --every steps: after each save's step in "every"), "rss_growth_bytes" (the
      last of them minus the second: what the saves after the first two added), "step_s"
      (median over every step after the first --every; "step_s_all" lists them),
@@ -152,7 +152,8 @@ def run_schedule(config: Any, schedule: str, saves: int, every: int, directory: 
     "steps": len(times),
     "saves": saves if schedule == "every" else 1,
     "state_bytes": state_bytes,
-    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    # The kernel's high-water mark can lag a sample just read from /proc: the larger of the two.
+    "peak_rss_bytes": max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, *rss),
     "rss_bytes": rss,
     "rss_growth_bytes": rss[-1] - rss[min(1, len(rss) - 1)],
     "step_s": statistics.median(timed),
