@@ -89,72 +89,58 @@ done
 wait "$pid"
 echo "run_b1.log: exit $? after SIGTERM in $((SECONDS - start)) s" | tee -a "$out/parts.txt"
 run run_b2.log "${main[@]}" "--workdir=$out/run_b"
-
-python - "$out" >"$out/resume.json" <<'EOF'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-def records(name):
-  path = out / name / "metrics.jsonl"
-  return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
-a, b = records("run_a"), records("run_b")
-final = lambda n: json.loads((out / n / "final.json").read_text()) if (out / n / "final.json").exists() else {}
-fa, fb = final("run_a"), final("run_b")
-def rel(x, y):
-  return abs(x - y) / max(abs(x), 1e-12)
-keys = ("train/loss_vit", "train/loss_agent")
-la = {(r["step"], k): r[k] for r in a for k in keys if k in r}
-lb = {(r["step"], k): r[k] for r in b for k in keys if k in r}
-common = sorted(set(la) & set(lb))
-evals = {k: (fa.get(k), fb.get(k)) for k in ("top1_vit", "top1_agent", "ce_vit", "ce_agent")}
-print(json.dumps({
-  "resumed_from_step": fb.get("resumed_from_step"),
-  "steps_compared": len(common),
-  "max_rel_diff_train_loss": max((rel(la[k], lb[k]) for k in common), default=None),
-  "final_eval_a_b": evals,
-  "train_seconds_a": fa.get("train_seconds_this_run"),
-}))
-EOF
-cat "$out/resume.json"
-
 run run_k1.log "${main[@]}" --config.steps_per_call=1 "--workdir=$out/run_k1"
-# K steps a call run the same program as K single steps, but XLA fuses the scan's body otherwise:
-# values agree to rounding, not bits. Tolerances from that rounding: bf16 (8 significant bits)
-# moves a logit by up to 2^-9 relative, ~0.2% of a loss, and Adam's update lr*m/(sqrt(v)+eps)
-# turns a rounding-level gradient difference near zero into an O(lr) step (float32 on CPU: 0.2%
-# of the shared step's entries after 4 steps, tests/test_steps_per_call.py), so the runs drift
-# apart as two roundings of one run do: 1% on each logged loss up to step 50, 3% after it (a
-# batch's loss moves ~10% step to step), each model's final top-1 within 1.5 points.
-python - "$out" >"$out/calls.json" <<'EOF'
+
+# resume.json: run_b (SIGTERM, resumed) against run_a. calls.json: run_k1 (one step a call)
+# against run_a. K steps a call run the same program as K single steps, but XLA fuses the scan's
+# body otherwise: values agree to rounding, not bits. Tolerances from that rounding: bf16 (8
+# significant bits) moves a logit by up to 2^-9 relative, ~0.2% of a loss, and Adam's update
+# lr*m/(sqrt(v)+eps) turns a rounding-level gradient difference near zero into an O(lr) step
+# (float32 on CPU: 0.2% of the shared step's entries after 4 steps, tests/test_steps_per_call.py),
+# so the runs drift apart as two roundings of one run do: 1% on each logged loss up to step 50, 3%
+# after it (a batch's loss moves ~10% step to step), each model's final top-1 within 1.5 points.
+python - "$out" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-def records(name):
-  path = out / name / "metrics.jsonl"
-  return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
-def final(name):
-  path = out / name / "final.json"
-  return json.loads(path.read_text()) if path.exists() else {}
-keys = ("train/loss_vit", "train/loss_agent")
-a = {(r["step"], k): r[k] for r in records("run_a") for k in keys if k in r}
-k1 = {(r["step"], k): r[k] for r in records("run_k1") for k in keys if k in r}
-rel = {key: abs(a[key] - k1[key]) / max(abs(a[key]), 1e-12) for key in set(a) & set(k1)}
-early = [v for (step, _), v in rel.items() if step <= 50]
-late = [v for (step, _), v in rel.items() if step > 50]
-fa, fk = final("run_a"), final("run_k1")
+def read(name, file):
+  path = out / name / file
+  return path.read_text() if path.exists() else None
+def losses(name):  # {(step, key): value} of the logged training losses.
+  keys = ("train/loss_vit", "train/loss_agent")
+  records = [json.loads(l) for l in (read(name, "metrics.jsonl") or "").splitlines()]
+  return {(r["step"], k): r[k] for r in records for k in keys if k in r}
+def rel_diffs(x, y):
+  return {key: abs(x[key] - y[key]) / max(abs(x[key]), 1e-12) for key in sorted(set(x) & set(y))}
+final = {n: json.loads(read(n, "final.json") or "{}") for n in ("run_a", "run_b", "run_k1")}
+fa, fb, fk = final["run_a"], final["run_b"], final["run_k1"]
+la = losses("run_a")
+
+resumed = rel_diffs(la, losses("run_b"))
+(out / "resume.json").write_text(json.dumps({
+  "resumed_from_step": fb.get("resumed_from_step"),
+  "steps_compared": len(resumed),
+  "max_rel_diff_train_loss": max(resumed.values(), default=None),
+  "final_eval_a_b": {k: (fa.get(k), fb.get(k)) for k in ("top1_vit", "top1_agent", "ce_vit", "ce_agent")},
+  "train_seconds_a": fa.get("train_seconds_this_run"),
+}) + "\n")
+
+calls = rel_diffs(la, losses("run_k1"))
+early = [v for (step, _), v in calls.items() if step <= 50]
+late = [v for (step, _), v in calls.items() if step > 50]
 top1 = {k: (fa.get(k), fk.get(k)) for k in ("top1_vit", "top1_agent") if k in fa or k in fk}
 diffs = [abs(x - y) * 100 for x, y in top1.values() if None not in (x, y)]
-config = out / "run_a" / "config.json"
-print(json.dumps({
-  "steps_per_call_a": json.loads(config.read_text()).get("steps_per_call") if config.exists() else None,
-  "losses_compared": len(rel),
+(out / "calls.json").write_text(json.dumps({
+  "steps_per_call_a": json.loads(read("run_a", "config.json") or "{}").get("steps_per_call"),
+  "losses_compared": len(calls),
   "max_rel_loss_diff_to_step_50": max(early, default=None),
   "max_rel_loss_diff_after_50": max(late, default=None),
   "final_top1_a_k1": top1,
   "max_top1_diff_points": max(diffs, default=None),
-  "within_tolerance": bool(rel) and bool(diffs) and max(early, default=0) <= 0.01
+  "within_tolerance": bool(calls) and bool(diffs) and max(early, default=0) <= 0.01
   and max(late, default=0) <= 0.03 and max(diffs) <= 1.5,
-}))
+}) + "\n")
 EOF
-cat "$out/calls.json"
+cat "$out/resume.json" "$out/calls.json"
 
 bench=(python -m vitboot_jax.tools.perf.benchmark "${flags[@]}" --modes=shared --steps=20
   --warmup=3 "--loop_steps=${LOOP_STEPS:-200}")
