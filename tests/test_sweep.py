@@ -232,6 +232,8 @@ def test_the_helps_report_sets_every_vit_against_the_vit_alone(tmp_path):
       wd = tmp_path / f"{run}_seed{seed}"
       wd.mkdir()
       final = {"epochs": 20, "train_seconds_this_run": seconds}
+      # The teacher's seed 1 resumed: its time, and so its pupils' compute, is a lower bound.
+      final.update({"resumed_from_step": 400} if (run, seed) == ("agent", 1) else {})
       final.update({"top1_vit": vit} if vit is not None else {})
       final.update({"top1_agent": agent} if agent is not None else {})
       (wd / "final.json").write_text(json.dumps(final))
@@ -250,4 +252,5 @@ def test_the_helps_report_sets_every_vit_against_the_vit_alone(tmp_path):
   assert by_name["kd_teacher"]["train_seconds_with_teacher"] == 100.0 + 400.0
   assert by_name["kd_teacher"]["evaluations"][0] == [{"epoch": 5.0, "vit": pytest.approx(46.0)}]
   text = sweep_report.table_markdown(report)
-  assert "| kd_teacher | 46.50 | +5.50 ± " in text and "| yes | 8m20s (incl. agent) |" in text
+  assert "| kd_teacher | 46.50 | +5.50 ± " in text and "| yes | 8m20s (incl. agent) (*) |" in text
+  assert "| no | 10m00s |" in text  # The joint resumed nothing and reads no teacher.

@@ -175,8 +175,10 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
     out.append(entry)
   # A row that starts from a finished run's agent costs that run's training too.
   seconds = {e["run"]: e["train_seconds"] for e in out}
+  resumed = {e["run"]: bool(e["seeds_resumed"]) for e in out}
   for e in out:
     e["train_seconds_with_teacher"] = e["train_seconds"] + seconds.get(e["teacher"], 0.0)
+    e["compute_resumed"] = resumed[e["run"]] or resumed.get(e["teacher"], False)
   if table.reference:
     against_reference(out, table.reference)
   return out
@@ -264,7 +266,8 @@ def table_markdown(report: dict[str, Any]) -> str:
     lines.append(f"Flags of every run: `{' '.join(flags_of_all)}`.")
   if any(r["seeds_resumed"] for r in report["rows"]):
     lines.append(
-      "(*) a seed of this row resumed from a checkpoint: its time counts only the steps after it."
+      "(*) a seed of this row (in the compute column, or of its teacher) resumed from a "
+      "checkpoint: its time counts only the steps after it."
     )
   if not all(r["epochs_match"] for r in report["rows"]):
     lines.append(f"(!) a finished run of this row trained other than {report['epochs']:g} epochs.")
@@ -345,6 +348,7 @@ def reference_markdown(report: dict[str, Any], compared: list[dict[str, Any]]) -
       helps = "yes" if vs["helps"] else "no"
     teacher = f" (incl. {r['teacher']})" if r["teacher"] else ""
     compute = progress.duration(r["train_seconds_with_teacher"]) + teacher
+    compute += " (*)" if r["compute_resumed"] else ""
     lines.append(
       f"| {r['name']} | " + " | ".join(cells) + f" | {diff} | {per_seed} | {helps} | {compute} |"
     )
