@@ -256,7 +256,7 @@ def table_markdown(report: dict[str, Any]) -> str:
       )
   lines += [
     "",
-    f"Total training time {progress.duration(report['train_seconds'])}; commit "
+    f"Total training time {progress.duration(report['train_seconds'])}; table written at commit "
     f"`{report['commit'] or 'unknown'}`; generated {report['generated']}.",
   ]
   if report["data_dir"]:
