@@ -239,6 +239,11 @@ def test_the_helps_report_sets_every_vit_against_the_vit_alone(tmp_path):
       (wd / "final.json").write_text(json.dumps(final))
       evals = [{"step": 390, "epoch": 5.0, "eval/top1_vit": (vit or 0) - 0.1}]
       (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+      # The code of each launch; the agent's seed 1 resumed at another, changed checkout.
+      codes = [("a" * 40, False)] + ([("b" * 40, True)] if (run, seed) == ("agent", 1) else [])
+      if run != "joint":  # The joint's runs predate launches.jsonl.
+        launches = [{"code": {"commit": c, "dirty": d}} for c, d in codes]
+        (wd / "launches.jsonl").write_text("".join(json.dumps(x) + "\n" for x in launches))
   report = sweep_report.build_report(table, s)
   by_name = {r["name"]: r for r in report["rows"]}
   kd = by_name["kd_teacher"]["vs_reference"]
@@ -254,3 +259,5 @@ def test_the_helps_report_sets_every_vit_against_the_vit_alone(tmp_path):
   text = sweep_report.table_markdown(report)
   assert "| kd_teacher | 46.50 | +5.50 ± " in text and "| yes | 8m20s (incl. agent) (*) |" in text
   assert "| no | 10m00s |" in text  # The joint resumed nothing and reads no teacher.
+  assert report["run_codes"] == {"aaaaaaa": 6, "bbbbbbb+": 1, "unrecorded": 2}
+  assert "`aaaaaaa` (6), `bbbbbbb+` (1), `unrecorded` (2)." in text

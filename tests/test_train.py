@@ -16,6 +16,7 @@ from tests.runs import env as _env
 from tests.runs import metrics as _metrics
 from tests.runs import run as _run
 from tests.runs import train_losses as _train_losses
+from vitboot_jax import provenance
 
 
 @pytest.mark.slow
@@ -26,6 +27,9 @@ def test_end_to_end_outputs(uninterrupted):
   assert list(workdir.glob("events.out.tfevents*"))
   final = json.loads((workdir / "final.json").read_text())
   assert final["step"] == 30 and final["count"] == 40.0 and final["resumed_from_step"] == 0
+  (launch,) = provenance.launches(workdir)
+  assert launch["start_step"] == 0 and launch["devices"] >= 1 and launch["software"]["jax"]
+  assert final["code"] == launch["code"] == provenance.code()
   for model in ("vit", "agent"):
     assert 0.0 <= final[f"top1_{model}"] <= 1.0 and final[f"top5_{model}"] >= final[f"top1_{model}"]
   records = _metrics(workdir)
@@ -73,6 +77,9 @@ def test_resume_after_sigkill_matches_uninterrupted(uninterrupted, image_folder,
   want = json.loads((uninterrupted / "final.json").read_text())
   got = json.loads((workdir / "final.json").read_text())
   assert got["resumed_from_step"] >= 12
+  # Each launch left its line: the killed one from step 0, the resume from its checkpoint.
+  starts = [launch["start_step"] for launch in provenance.launches(workdir)]
+  assert starts == [0, got["resumed_from_step"]]
   for key in ("top1_vit", "top1_agent", "ce_vit", "ce_agent"):
     assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
   # Same train losses at every step, no duplicated steps after the resume.

@@ -2,9 +2,10 @@
 
 One call trains every model of `config.mode`, evaluates them exactly at the end of each epoch
 (or every `eval_every_steps`), checkpoints with orbax, and resumes from the newest complete
-checkpoint in `workdir` when called again. Outputs in `workdir`: config.json, metrics.jsonl,
-TensorBoard events, checkpoints/, final.json (final-epoch top-1/top-5 of every model, which is
-what the paper reports).
+checkpoint in `workdir` when called again. Outputs in `workdir`: config.json, data.json,
+launches.jsonl (each launch's code and library versions), metrics.jsonl, TensorBoard events,
+checkpoints/, final.json (final-epoch top-1/top-5 of every model, which is what the paper
+reports, and the finishing launch's commit).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from vitboot_jax import (
   metrics,
   preemption,
   progress,
+  provenance,
   sharding,
   startup,
   workdir_claim,
@@ -265,11 +267,21 @@ def train_and_evaluate(
   writer.truncate_after(start_step if restored is not None else -1)
   # 0 ("the platform's choice") resolved: the log line and config.json say what the calls run.
   steps_per_call = configlib.steps_per_call(config, mesh.devices.flat[0].platform)
+  run_code = None
   if jax.process_index() == 0:
     recorded = json.loads(config.to_json_best_effort())
     recorded["steps_per_call"] = steps_per_call
     metrics.write_json(workdir / workdirs.CONFIG_FILE, recorded)
     metrics.write_json(workdir / workdirs.DATA_FILE, data_record)
+    # Which code and libraries ran each part of the run, so a result can name its own commit.
+    run_code = provenance.record_launch(
+      workdir,
+      start_step=start_step,
+      steps_per_call=steps_per_call,
+      backend=jax.default_backend(),
+      devices=jax.device_count(),
+      processes=jax.process_count(),
+    )["code"]
 
   eval_every = eval_interval(config, steps_per_epoch)
   progress_log = progress.Progress(
@@ -332,6 +344,7 @@ def train_and_evaluate(
       "train_seconds_this_run": time.perf_counter() - train_start,
       # > 0 when this run continued a checkpoint: the time above then covers only this run's steps.
       "resumed_from_step": start_step,
+      "code": run_code,  # This launch's (launches.jsonl holds every launch's).
       **{k.replace("eval/", ""): v for k, v in eval_metrics.items()},
     }
     if jax.process_index() == 0:

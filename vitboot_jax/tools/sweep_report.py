@@ -10,15 +10,14 @@ import json
 import math
 import shlex
 import statistics
-import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from etils import epath
 
-from vitboot_jax import paper_results, progress
-from vitboot_jax.tools.sweep_runs import REPO, Settings, absolute, command, row_config, workdir
+from vitboot_jax import paper_results, progress, provenance
+from vitboot_jax.tools.sweep_runs import Settings, absolute, command, row_config, workdir
 from vitboot_jax.tools.sweep_tables import MODEL_LABELS, Table, paper_top1, runs, teacher_run
 
 TABLE_MD = "table.md"
@@ -171,6 +170,7 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
         seed: evaluations(absolute(workdir(s, row, seed))) for seed in sorted(finals)
       },
       "teacher": teacher_run(row),
+      "codes": {seed: run_codes(absolute(workdir(s, row, seed))) for seed in sorted(finals)},
     }
     out.append(entry)
   # A row that starts from a finished run's agent costs that run's training too.
@@ -184,21 +184,28 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
   return out
 
 
-def commit() -> str | None:
-  """HEAD of the repository (read-only), or None outside a git checkout."""
-  try:
-    result = subprocess.run(
-      ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-    )
-  except (OSError, subprocess.CalledProcessError):
-    return None
-  return result.stdout.strip() or None
+def run_codes(workdir: Any) -> list[str]:
+  """The short commit of each launch of the run in `workdir` ("+" where its checkout had
+  uncommitted changes, "?" where none was known); [] for a run from before launches were kept."""
+  codes = []
+  for launch in provenance.launches(workdir):
+    code = launch.get("code") or {}
+    commit_ = code.get("commit")
+    codes.append((commit_[:7] if commit_ else "?") + ("+" if code.get("dirty") else ""))
+  return codes
 
 
 def build_report(table: Table, s: Settings) -> dict[str, Any]:
   """The content of table.json: the rows' statistics and the sweep's settings."""
   entries = aggregate(table, s)
-  train_seconds = sum(e["train_seconds"] for e in {e["run"]: e for e in entries}.values())
+  unique = {e["run"]: e for e in entries}.values()  # A run of two models is listed twice.
+  train_seconds = sum(e["train_seconds"] for e in unique)
+  # How many finished runs each commit ran (a resumed run counts under each of its commits).
+  codes: dict[str, int] = {}
+  for e in unique:
+    for seed_codes in e["codes"].values():
+      for code in sorted(set(seed_codes)) or ["unrecorded"]:
+        codes[code] = codes.get(code, 0) + 1
   return {
     "table": table.name,
     "title": table.title,
@@ -210,9 +217,10 @@ def build_report(table: Table, s: Settings) -> dict[str, Any]:
     "data_dir": s.data_dir,
     "table_overrides": list(table.overrides),
     "extra_overrides": list(s.extra),
-    "commit": commit(),
+    "commit": provenance.code()["commit"],
     "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     "train_seconds": train_seconds,
+    "run_codes": codes,
     "rows": entries,
     "curves": None,
   }
@@ -259,6 +267,13 @@ def table_markdown(report: dict[str, Any]) -> str:
     f"Total training time {progress.duration(report['train_seconds'])}; table written at commit "
     f"`{report['commit'] or 'unknown'}`; generated {report['generated']}.",
   ]
+  if report["run_codes"]:
+    lines.append(
+      "Code of the finished runs, with how many ran it (launches.jsonl; + uncommitted changes, "
+      "unrecorded: a run from before launches were kept): "
+      + ", ".join(f"`{code}` ({n})" for code, n in sorted(report["run_codes"].items()))
+      + "."
+    )
   if report["data_dir"]:
     lines.append(f"Data: the image folder `{report['data_dir']}`.")
   flags_of_all = report["table_overrides"] + report["extra_overrides"]
