@@ -5,16 +5,19 @@ workdir claim, .npz datasets, exported weights, the impulse-init cache) goes thr
 `write_atomically` or `replacing`: a temporary file in the same directory, flushed to disk, then
 renamed over the target in one step. Paths with a scheme (gs://, via etils/epath) are object
 stores, where a rename is a copy: `is_local` tells the callers that must treat them otherwise.
+JSON-lines files (metrics.jsonl, launches.jsonl) are read back through `read_jsonl`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import uuid
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
+from absl import logging
 from etils import epath
 
 
@@ -62,3 +65,28 @@ def write_atomically(path: epath.PathLike, data: str | bytes) -> None:
   else:
     tmp.write_bytes(data)
   tmp.replace(path)
+
+
+def parse_jsonl(text: str, path: epath.PathLike) -> list[dict[str, Any]]:
+  """The records of a JSON-lines file's `text`; a torn last line (a kill mid-write) is dropped."""
+  lines = text.splitlines()
+  records = []
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as error:
+      if number == len(lines) and not text.endswith("\n"):
+        logging.warning("Dropping the unfinished last line of %s: %r", path, line)
+        continue
+      raise ValueError(f"{path}:{number} is not valid JSON ({error}): {line!r}") from error
+  return records
+
+
+def read_jsonl(path: epath.PathLike) -> list[dict[str, Any]]:
+  """All records of the JSON-lines file `path` in file order; [] if there is none yet."""
+  path = epath.Path(path)
+  if not path.exists():
+    return []
+  return parse_jsonl(path.read_text(), path)

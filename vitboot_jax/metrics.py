@@ -118,29 +118,9 @@ def _to_number(name: str, value: Any) -> int | float:
   raise TypeError(f"Metric {name!r} must be a real number, got dtype {array.dtype}.")
 
 
-def _parse_lines(text: str, path: epath.Path) -> list[dict[str, Any]]:
-  """Records of a metrics.jsonl; a torn last line (a kill mid-write) is dropped."""
-  lines = text.splitlines()
-  records = []
-  for number, line in enumerate(lines, start=1):
-    if not line.strip():
-      continue
-    try:
-      records.append(json.loads(line))
-    except json.JSONDecodeError as error:
-      if number == len(lines) and not text.endswith("\n"):
-        logging.warning("Dropping the unfinished last line of %s: %r", path, line)
-        continue
-      raise ValueError(f"{path}:{number} is not valid JSON ({error}): {line!r}") from error
-  return records
-
-
 def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
   """All records of `<workdir>/metrics.jsonl` in file order; [] if there is none yet."""
-  path = epath.Path(workdir) / METRICS_FILE
-  if not path.exists():
-    return []
-  return _parse_lines(path.read_text(), path)
+  return files.read_jsonl(epath.Path(workdir) / METRICS_FILE)
 
 
 class _EventWriter:
@@ -253,7 +233,7 @@ class MetricWriter:
     if self._remote is not None:
       self._remote.flush()
     text = self._path.read_text()
-    records = _parse_lines(text, self._path)
+    records = files.parse_jsonl(text, self._path)
     kept = [r for r in records if r["step"] <= step]
     torn = bool(text) and not text.endswith("\n")
     if len(kept) != len(records) or torn:

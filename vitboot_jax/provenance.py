@@ -82,7 +82,4 @@ def record_launch(workdir: epath.PathLike, **fields: Any) -> dict[str, Any]:
 
 def launches(workdir: epath.PathLike) -> list[dict[str, Any]]:
   """The launch records of `workdir`, oldest first ([] for a run from before they were kept)."""
-  path = epath.Path(workdir) / LAUNCHES_FILE
-  if not path.exists():
-    return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  return files.read_jsonl(epath.Path(workdir) / LAUNCHES_FILE)

@@ -184,7 +184,7 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
   return out
 
 
-def run_codes(workdir: Any) -> list[str]:
+def run_codes(workdir: epath.PathLike) -> list[str]:
   """The short commit of each launch of the run in `workdir` ("+" where its checkout had
   uncommitted changes, "?" where none was known); [] for a run from before launches were kept."""
   codes = []
