@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from vitboot_jax.data.randaugment_policy import DEIT_POLICY
+
 # Loss weights of each mode, the official configs' values. Joint: ce 1, kd 1, feature 10; shared:
 # half of each. The paper's Eq. 9 text names alpha=1, beta=10 the other way round; the official
 # configs (which produced the tables) put 10 on the feature term. Single-model modes: ce only.
@@ -60,7 +62,26 @@ SWITCHES = dict(
   teacher_eval=False,
   # DeiT's hard distillation from the agent (the "Can the agent help?" study).
   distill="none",
+  # The field's recipe (data/recipe_augment.py): recipe=deit turns on the set below with DeiT's
+  # values; each can also be set alone (and overrides the recipe's value).
+  recipe="none",
+  randaug=None,
+  erase=None,
+  mixup=None,
+  cutmix=None,
+  smoothing=None,
+  drop_path=None,
 )
+
+# Labelled recipes (recipe=NAME): no paper row uses one. DeiT's (Touvron et al. 2021, its main.py
+# defaults for DeiT-S): RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25 ('pixel'), mixup
+# 0.8 and CutMix 1.0 (one a batch, switch probability 0.5), label smoothing 0.1, drop path 0.1.
+RECIPES = {
+  "none": dict(randaug="", erase=0.0, mixup=0.0, cutmix=0.0, smoothing=0.0, drop_path=0.0),
+  "deit": dict(
+    randaug=DEIT_POLICY, erase=0.25, mixup=0.8, cutmix=1.0, smoothing=0.1, drop_path=0.1
+  ),
+}
 
 
 def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
@@ -139,6 +160,27 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   if arg.distill == "hard":
     c.model.distill_token = True
     c.loss.ce_vit = c.loss.distill_vit = 0.5
+  recipe(c, arg)
+
+
+def recipe(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
+  """recipe=deit (RECIPES) and its parts alone: randaug=POLICY, erase=P, mixup=ALPHA, cutmix=ALPHA,
+  smoothing=S, drop_path=R (the ViT's, and the agent's where the agent trains: not a frozen
+  teacher)."""
+  if arg.recipe not in RECIPES:
+    raise ValueError(f"recipe={arg.recipe!r} is unknown; choose one of {sorted(RECIPES)}")
+  values = dict(RECIPES[arg.recipe])
+  for name in values:
+    if arg[name] is not None:
+      values[name] = arg[name] if name == "randaug" else float(arg[name])
+  c.data.randaugment = values["randaug"]
+  c.data.random_erase = values["erase"]
+  c.mix.mixup_alpha = values["mixup"]
+  c.mix.cutmix_alpha = values["cutmix"]
+  c.loss.label_smoothing = values["smoothing"]
+  c.model.drop_path = values["drop_path"]
+  trains_agent = arg.mode in ("agent", "shared") or (arg.mode == "joint" and not arg.frozen)
+  c.agent.drop_path = values["drop_path"] if trains_agent else 0.0
 
 
 def cifar(name: str) -> dict:

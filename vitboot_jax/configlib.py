@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from vitboot_jax.data import randaugment_policy
 from vitboot_jax.errors import ConfigError
 from vitboot_jax.models.choices import (  # noqa: F401
   AGENT_STEMS,
@@ -96,6 +97,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.shuffle_buffer = 50_000
   c.data.cache = True  # Cache decoded training images in memory (small datasets).
   c.data.eval_batch_size = 256
+  # The field's recipe (data/recipe_augment.py; each off by default, as in every paper row), run in
+  # the jitted step on both pipelines: RandAugment as a timm policy string ("": off; DeiT's is
+  # "rand-m9-mstd0.5-inc1") and random erasing's probability (DeiT: 0.25, 'pixel' mode).
+  c.data.randaugment = ""
+  c.data.random_erase = 0.0
 
   # The ViT (modes vit, joint, shared); -1: the config sets it.
   c.model = ml_collections.ConfigDict()
@@ -106,6 +112,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.num_heads = -1
   c.model.mlp_dim = -1
   c.model.dropout = 0.0
+  c.model.drop_path = 0.0  # Stochastic depth at the last block, 0 at the first (DeiT-S: 0.1).
   c.model.ln_eps = 1e-6
   c.model.init = "official"  # "official" | "standard" | "mimetic" | "impulse3" | "impulse5"
   c.model.attention = "softmax"  # "softmax" | "entmax" (the paper's "Sparse" rows)
@@ -127,6 +134,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.agent.taps = "official"  # "official" | "centered"
   c.agent.mlp_dropout = 0.0
   c.agent.residual_dropout = 0.0
+  c.agent.drop_path = 0.0  # Stochastic depth in the agent's residual blocks, as the ViT's.
   c.agent.bn_momentum = 0.9  # PyTorch momentum 0.1.
   c.agent.bn_eps = 1e-5
   c.agent.init = "official"
@@ -140,6 +148,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.kd_agent = 0.0
   c.loss.feature_vit = 0.0
   c.loss.temperature = 4.0
+  c.loss.label_smoothing = (
+    0.0  # The CE targets' smoothing (DeiT: 0.1); KD targets are the teacher's.
+  )
   c.loss.distill_vit = 0.0  # The ViT's distillation head: CE on the agent's argmax (DeiT hard).
   c.loss.feature_loss = "official"  # "official" (LN + MSE) | "paper" (Eq. 6)
   c.loss.adapt = "seq1d"  # "seq1d" (official 1-D pooling) | "pool2d" (Table 4's AP-2D)
@@ -154,6 +165,15 @@ def base_config() -> ml_collections.ConfigDict:
   )
   # > 0: the hint's gradient on the ViT is scaled down to at most this multiple of the CE's norm.
   c.loss.feature_balance = 0.0
+
+  # Mixup (Zhang et al. 2018) and CutMix (Yun et al. 2019) of the batch with itself reversed, as
+  # timm's Mixup in 'batch' mode: with probability `prob` a batch is mixed, by CutMix with
+  # probability `switch_prob` when both alphas are > 0; an alpha of 0 turns that one off.
+  c.mix = ml_collections.ConfigDict()
+  c.mix.mixup_alpha = 0.0  # DeiT: 0.8
+  c.mix.cutmix_alpha = 0.0  # DeiT: 1.0
+  c.mix.prob = 1.0
+  c.mix.switch_prob = 0.5
 
   # DrLoc (dense relative localisation, Liu et al. 2021): weight = lambda; 0 disables.
   c.drloc = ml_collections.ConfigDict()
@@ -307,6 +327,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     raise ConfigError(f"config.loss.adapt={c.loss.adapt!r} is unknown; choose one of {ADAPTERS}")
   _validate_hint_variants(c)
   _validate_distillation(c)
+  _validate_recipe(c)
   if c.align not in ALIGN_METHODS:
     raise ConfigError(f"config.align={c.align!r} is unknown; choose one of {ALIGN_METHODS}")
   if c.align_granularity not in ALIGN_GRANULARITIES:
@@ -372,6 +393,36 @@ def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
       f"config.agent_init_from / config.agent_frozen are joint-mode variants (the agent has its "
       f"own weights there); mode {c.mode!r} cannot use them"
     )
+
+
+def _validate_recipe(c: ml_collections.ConfigDict) -> None:
+  """The field's recipe (data/recipe_augment.py): a known policy, alphas >= 0, probabilities."""
+  spec = c.data.get("randaugment", "")
+  if spec:
+    try:
+      randaugment_policy.parse_policy(spec)
+    except ValueError as error:
+      raise ConfigError(f"config.data.randaugment={spec!r}: {error}") from None
+  fields = {
+    "config.mix.mixup_alpha": (c.mix.mixup_alpha, 0.0, None),
+    "config.mix.cutmix_alpha": (c.mix.cutmix_alpha, 0.0, None),
+    "config.mix.prob": (c.mix.prob, 0.0, 1.0),
+    "config.mix.switch_prob": (c.mix.switch_prob, 0.0, 1.0),
+    "config.data.random_erase": (c.data.random_erase, 0.0, 1.0),
+    "config.loss.label_smoothing": (c.loss.label_smoothing, 0.0, 1.0),
+    "config.model.drop_path": (c.model.drop_path, 0.0, 1.0),
+    "config.agent.drop_path": (c.agent.drop_path, 0.0, 1.0),
+  }
+  for name, (value, low, high) in fields.items():
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+      raise ConfigError(f"{name}={value!r} must be a number")
+    if value < low:
+      raise ConfigError(f"{name}={value} must be >= {low:g} (0: off)")
+    if high is not None and value > high:
+      raise ConfigError(f"{name}={value} must be in [{low:g}, {high:g}] (a probability or rate)")
+  for name in ("config.loss.label_smoothing", "config.model.drop_path", "config.agent.drop_path"):
+    if fields[name][0] >= 1.0:
+      raise ConfigError(f"{name}={fields[name][0]} must be below 1 (1 would remove all signal)")
 
 
 def _validate_distillation(c: ml_collections.ConfigDict) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from vitboot_jax import configlib
 from vitboot_jax.models.choices import hinted_layers
@@ -34,6 +35,11 @@ def cross_entropy(
     return jnp.mean(nll)
   weights = weights.astype(jnp.float32)
   return jnp.sum(weights * nll) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def soft_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Cross-entropy with probability targets [B, classes] (smoothed or mixed labels), batch mean."""
+  return jnp.mean(optax.softmax_cross_entropy(logits.astype(jnp.float32), targets))
 
 
 def kd(student_logits: jax.Array, teacher_logits: jax.Array, temperature: float) -> jax.Array:

@@ -28,7 +28,7 @@ import optax
 
 from vitboot_jax import align as align_lib
 from vitboot_jax import configlib, drloc, hint_variants, losses
-from vitboot_jax.data import step_preprocess
+from vitboot_jax.data import recipe_augment
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
@@ -56,6 +56,7 @@ def model_loss(
   *,
   projectors: dict[str, Any] | None = None,
   parts: tuple[str, ...] = PARTS,
+  targets: jax.Array | None = None,
 ) -> tuple[jax.Array, Metrics]:
   """The weighted loss of model `name` ("vit", "agent" or "cnn") and its terms.
 
@@ -66,13 +67,16 @@ def model_loss(
   plus drloc.weight L_drloc for a model with a `drloc_task`. Terms whose weight is 0, or whose
   partner model is absent, are left out. `projectors`: the ViT's hint projector (a variant);
   `parts` (of PARTS): which weighted terms the returned loss sums (all: the loss; one: that
-  term's share, for gradients split by term).
+  term's share, for gradients split by term). `targets` (the field's recipe: smoothed or mixed
+  labels, data/recipe_augment.py) replace the labels in the CE; the KD, distillation and hint
+  terms read the partner's outputs on the same (mixed) images, and top-1 stays the labels'.
   """
   w = config.loss
   other = {"vit": "agent", "agent": "vit"}.get(name)  # CNN baselines have no partner.
   logits, extras = outputs[name]
+  ce = losses.cross_entropy if targets is None else losses.soft_cross_entropy
   terms = {
-    f"ce_{name}": losses.cross_entropy(logits, labels),
+    f"ce_{name}": ce(logits, labels if targets is None else targets),
     f"top1_{name}": _accuracy(logits, labels),
   }
   weighted = {"ce": w[f"ce_{name}"] * terms[f"ce_{name}"]}
@@ -123,7 +127,7 @@ def model_gradients(
   `variants` (hint_variants; None: the official recipe) take the ViT's gradient where it has a
   feature term: a cap on the hint's share, or its share measured when `log_hint`.
   """
-  images, labels = batch["image"], batch["label"]
+  images, labels, targets = batch["image"], batch["label"], batch.get("target")
   outputs, pullbacks, new_stats = {}, {}, dict(variables["batch_stats"])
   frozen = config.get("agent_frozen", False)
   for name in models.names:
@@ -164,6 +168,7 @@ def model_gradients(
         task,
         projectors=loss_params.get(f"hint_{name}"),
         parts=parts,
+        targets=targets,
       )
 
     (loss, model_terms), (cotangent, loss_params_grad) = jax.value_and_grad(
@@ -216,7 +221,8 @@ def make_train_step(
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
   """Returns the pure `train_step(state, batch) -> (state, metrics)`; jit it with donation."""
   names = models.names
-  prepare = step_preprocess.make_prepare(config)
+  # The model input of every model: prepare (resize, normalise), and the field's recipe if on.
+  batch_fn = recipe_augment.make_batch_fn(config)
 
   # The mechanism study's hint variants, one seam (None: the official recipe).
   variants = hint_variants.for_config(config, configlib.total_steps(config, steps_per_epoch))
@@ -249,8 +255,8 @@ def make_train_step(
     return grad, new_stats, metrics
 
   def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-    batch = {**batch, "image": prepare(batch["image"])}  # Uint8 crops: resized on the device.
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    batch = batch_fn(batch, rng)  # Uint8 crops: resized on the device.
     weight = losses.feature_weight(
       state.step, steps_per_epoch, config.num_epochs, per=config.loss.feature_decay
     )

@@ -221,6 +221,7 @@ class AgentBlock(nn.Module):
   taps: str = "official"
   mlp_dropout: float = 0.0
   residual_dropout: float = 0.0
+  drop_path: float = 0.0
   init_scheme: str = "official"
   dense: ModuleDef = nn.Dense
   norm: ModuleDef = nn.BatchNorm
@@ -233,8 +234,9 @@ class AgentBlock(nn.Module):
     d = x.shape[-1]
     bn = lambda name: self.norm(name=name)
     dropout = self.kernels.dropout
-    drop = lambda y: common.Dropout(self.residual_dropout, kernel=dropout)(
-      y, deterministic=not train
+    drop = lambda y: common.DropPath(self.drop_path)(
+      common.Dropout(self.residual_dropout, kernel=dropout)(y, deterministic=not train),
+      deterministic=not train,
     )
     if shared is None:
       # Standalone / joint agent: full-rank taps; xavier with fan = D * taps as the official
@@ -297,6 +299,7 @@ class Agent(nn.Module):
   taps: str = "official"
   mlp_dropout: float = 0.0
   residual_dropout: float = 0.0
+  drop_path: float = 0.0  # Stochastic depth's rate at the last block (common.drop_path_rates).
   bn_momentum: float = 0.9
   bn_eps: float = 1e-5
   init_scheme: str = "official"
@@ -332,6 +335,7 @@ class Agent(nn.Module):
       name="stem",
     )(images.astype(self.dtype))
     features = []
+    rates = common.drop_path_rates(self.drop_path, self.depth)
     for layer in range(self.depth):
       x = AgentBlock(
         num_taps=self.num_heads,
@@ -340,6 +344,7 @@ class Agent(nn.Module):
         taps=self.taps,
         mlp_dropout=self.mlp_dropout,
         residual_dropout=self.residual_dropout,
+        drop_path=rates[layer],
         init_scheme=self.init_scheme,
         dense=functools.partial(nn.Dense, dtype=self.dtype, dot_general=self.kernels.dot_general),
         norm=norm,

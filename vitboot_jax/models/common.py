@@ -122,3 +122,27 @@ class Dropout(nn.Module):
     if self.rate >= 1.0:  # Everything dropped: no key needed.
       return jnp.zeros_like(x)
     return self.kernel(x, self.rate, self.rng())
+
+
+def drop_path_rates(rate: float, depth: int) -> tuple[float, ...]:
+  """Stochastic depth's per-block drop rates: 0 at the first block rising linearly to `rate` at
+  the last (Huang et al. 2016; DeiT and timm's ViT schedule)."""
+  if depth <= 1:
+    return (float(rate),) * depth
+  return tuple(float(rate) * i / (depth - 1) for i in range(depth))
+
+
+class DropPath(nn.Module):
+  """Stochastic depth: a residual branch dropped whole for a random subset of the batch's images
+  (each with probability `rate`), the kept ones scaled by 1 / (1 - rate); identity in evaluation."""
+
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    keep_prob = 1.0 - self.rate
+    keep = jax.random.bernoulli(self.make_rng("dropout"), keep_prob, (x.shape[0],))
+    keep = keep.reshape((-1,) + (1,) * (x.ndim - 1))
+    return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros((), x.dtype))

@@ -156,11 +156,13 @@ class Mlp(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-  """Pre-norm block: x + Drop(MHSA(LN(x))), then x + Drop(MLP(LN(x)))."""
+  """Pre-norm block: x + Drop(MHSA(LN(x))), then x + Drop(MLP(LN(x))); with `drop_path`, each
+  branch is also dropped whole per image (stochastic depth)."""
 
   num_heads: int
   mlp_dim: int
   dropout: float = 0.0
+  drop_path: float = 0.0
   attention: str = "softmax"
   dense: ModuleDef = nn.Dense
   mlp_dense: ModuleDef = nn.Dense  # The MLP's biases start apart from the attention's.
@@ -169,8 +171,9 @@ class EncoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
-    drop = lambda y: common.Dropout(self.dropout, kernel=self.kernels.dropout)(
-      y, deterministic=not train
+    drop = lambda y: common.DropPath(self.drop_path)(
+      common.Dropout(self.dropout, kernel=self.kernels.dropout)(y, deterministic=not train),
+      deterministic=not train,
     )
     attn = Attention(
       num_heads=self.num_heads,
@@ -209,6 +212,7 @@ class ViT(nn.Module):
   num_heads: int = 9
   mlp_dim: int = 1152
   dropout: float = 0.0
+  drop_path: float = 0.0  # Stochastic depth's rate at the last block (common.drop_path_rates).
   ln_eps: float = 1e-5
   init_scheme: str = "official"
   dtype: Any = jnp.float32
@@ -262,8 +266,9 @@ class ViT(nn.Module):
       kernels=self.kernels,
     )
     features = []
+    rates = common.drop_path_rates(self.drop_path, self.depth)
     for layer in range(self.depth):
-      x = block(name=f"block_{layer}")(x, train=train)
+      x = block(drop_path=rates[layer], name=f"block_{layer}")(x, train=train)
       features.append(jnp.concatenate([x[:, :1], x[:, 2:]], axis=1) if self.distill_token else x)
     x = norm(name="norm")(x)
     pre_logits = x[:, 0]
