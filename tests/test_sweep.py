@@ -261,3 +261,50 @@ def test_the_helps_report_sets_every_vit_against_the_vit_alone(tmp_path):
   assert "| no | 10m00s |" in text  # The joint resumed nothing and reads no teacher.
   assert report["run_codes"] == {"aaaaaaa": 6, "bbbbbbb+": 1, "unrecorded": 2}
   assert "`aaaaaaa` (6), `bbbbbbb+` (1), `unrecorded` (2)." in text
+
+
+def test_well_trained_reuses_the_helps_commands_and_matches_their_compute():
+  """Its reference and teacher rows are the helps runs (the same commands, so their records are
+  reused), and the matched epochs are the counted ones: ceil(20 x (teacher_corr's step + its
+  teacher's) / the ViT's) and ceil(20 x teacher_corr's / the ViT's), MACs an image."""
+  import math
+
+  from vitboot_jax.tools import train_compute
+
+  helps, table = sweep_tables.TABLES["helps"], sweep_tables.TABLES["well_trained"]
+  s_helps = sweep_runs.settings(helps, root="/r", seeds=[0])
+  s_table = sweep_runs.settings(table, root="/r", seeds=[0])
+  for name in ("vit", "agent", "teacher_corr", "kd_teacher"):
+    (a,) = [r for r in helps.rows if r.name == name]
+    (b,) = [r for r in table.rows if r.name == name]
+    assert sweep_runs.command(helps, s_helps, a, 0) == sweep_runs.command(table, s_table, b, 0)
+  macs = {}
+  for name in ("vit", "agent", "teacher_corr"):
+    (row,) = [r for r in table.rows if r.name == name]
+    config = load_config(row.config).to_dict()
+    macs[name] = train_compute._macs_per_image(json.dumps(config, sort_keys=True))
+  own, teacher = 20 * macs["teacher_corr"], 20 * macs["agent"]
+  assert sweep_tables.MATCHED_TOTAL_EPOCHS == math.ceil((own + teacher) / macs["vit"])
+  assert sweep_tables.MATCHED_OWN_EPOCHS == math.ceil(own / macs["vit"])
+  (deit,) = [r for r in table.rows if r.name == "teacher_corr_deit"]
+  assert sweep_tables.teacher_run(deit) == "agent_deit"
+
+
+def test_the_compute_column_counts_flops_with_the_teacher_apart(tmp_path):
+  table = sweep_tables.TABLES["well_trained"]
+  s = sweep_runs.settings(table, root=str(tmp_path), seeds=[0])
+  for run in ("vit", "agent", "teacher_corr"):
+    source = REPO / "docs" / "helps" / f"{run}_seed0"
+    (tmp_path / f"{run}_seed0").mkdir()
+    for name in ("config.json", "final.json", "metrics.jsonl"):
+      (tmp_path / f"{run}_seed0" / name).write_text((source / name).read_text())
+  report = sweep_report.build_report(table, s)
+  by_name = {r["name"]: r for r in report["rows"]}
+  images = 1560 * 64
+  assert by_name["vit"]["train_pflops"][0] == pytest.approx(2 * 216_880_416 * images / 1e15)
+  corr = by_name["teacher_corr"]
+  assert corr["train_pflops"][0] == pytest.approx(2 * 395_156_160 * images / 1e15)
+  assert corr["teacher_pflops"][0] == pytest.approx(2 * 533_057_760 * images / 1e15)
+  text = sweep_report.table_markdown(report)
+  assert "| 0.0789 + 0.1064 teacher PFLOPs; " in text and "| 0.0433 PFLOPs; " in text
+  assert sweep_report.plot_compute(report, tmp_path).exists()

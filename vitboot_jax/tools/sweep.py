@@ -145,6 +145,9 @@ def main(argv):
   if root.exists():
     curves = sweep_report.plot_curves(table, s, s.seeds[0])
     report["curves"] = str(curves) if curves else None
+    if table.compute:
+      compute = sweep_report.plot_compute(report, root)
+      report["compute_figure"] = str(compute) if compute else None
     sweep_report.write_report(root, report)
     print(f"# Wrote {root / sweep_report.TABLE_MD} and {root / sweep_report.TABLE_JSON}")
   print(sweep_report.table_markdown(report))

@@ -23,6 +23,7 @@ from vitboot_jax.tools.sweep_tables import MODEL_LABELS, Table, paper_top1, runs
 TABLE_MD = "table.md"
 TABLE_JSON = "table.json"
 CURVES = "curves.png"
+COMPUTE = "compute.png"
 
 
 def _read_json(path: epath.Path) -> dict[str, Any] | None:
@@ -173,6 +174,8 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
       "codes": {seed: run_codes(absolute(workdir(s, row, seed))) for seed in sorted(finals)},
     }
     out.append(entry)
+  if table.compute:
+    add_compute(table, s, out)
   # A row that starts from a finished run's agent costs that run's training too.
   seconds = {e["run"]: e["train_seconds"] for e in out}
   resumed = {e["run"]: bool(e["seeds_resumed"]) for e in out}
@@ -182,6 +185,34 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
   if table.reference:
     against_reference(out, table.reference)
   return out
+
+
+def add_compute(table: Table, s: Settings, entries: list[dict[str, Any]]) -> None:
+  """Per entry, each finished seed's training compute in PFLOPs (tools/train_compute.py) and,
+  where it reads a finished teacher, the teacher run's of the same seed."""
+  from vitboot_jax.tools import train_compute
+
+  own: dict[str, dict[int, float]] = {}
+  for row, e in zip(table.rows, entries):
+    if e["run"] not in own:
+      own[e["run"]] = {}
+      for seed in e["seeds_done"]:
+        found = train_compute.run_compute(absolute(workdir(s, row, seed)))
+        if found:
+          own[e["run"]][seed] = found["train_flops"] / 1e15
+  for e in entries:
+    e["train_pflops"] = own[e["run"]]
+    teacher = own.get(e["teacher"], {}) if e["teacher"] else {}
+    e["teacher_pflops"] = {seed: teacher[seed] for seed in e["train_pflops"] if seed in teacher}
+
+
+def mean_pflops(entry: dict[str, Any]) -> tuple[float, float] | None:
+  """(own, teacher's) PFLOPs of a row, means over its finished seeds; None where not counted."""
+  own = entry.get("train_pflops")
+  if not own:
+    return None
+  teacher = entry.get("teacher_pflops") or {}
+  return statistics.fmean(own.values()), statistics.fmean(teacher.values()) if teacher else 0.0
 
 
 def run_codes(workdir: epath.PathLike) -> list[str]:
@@ -336,7 +367,9 @@ def reference_markdown(report: dict[str, Any], compared: list[dict[str, Any]]) -
     f"The ViT of each row against the ViT of `{reference}`: top-1 (%) at each evaluation (mean "
     "over the finished seeds), the final difference of the means ± the pooled sample std, per "
     "seed, and whether the row helps (more than twice the pooled std, in every seed). Compute: "
-    "the row's training time summed over seeds, with its teacher's run where it reads one.",
+    "the row's training time summed over seeds, with its teacher's run where it reads one; "
+    "where counted, first its training FLOPs a seed (tools/train_compute.py, the teacher's run "
+    "apart).",
     "",
     "| row | "
     + " | ".join(f"epoch {float(e):g}" for e in epochs)
@@ -364,6 +397,11 @@ def reference_markdown(report: dict[str, Any], compared: list[dict[str, Any]]) -
     teacher = f" (incl. {r['teacher']})" if r["teacher"] else ""
     compute = progress.duration(r["train_seconds_with_teacher"]) + teacher
     compute += " (*)" if r["compute_resumed"] else ""
+    pflops = mean_pflops(r)
+    if pflops is not None:
+      own, teacher_share = pflops
+      counted = f"{own:.4f}" + (f" + {teacher_share:.4f} teacher" if teacher_share else "")
+      compute = f"{counted} PFLOPs; {compute}"
     lines.append(
       f"| {r['name']} | " + " | ".join(cells) + f" | {diff} | {per_seed} | {helps} | {compute} |"
     )
@@ -390,6 +428,48 @@ def plot_curves(table: Table, s: Settings, seed: int) -> epath.Path | None:
       raise
     print(f"warning: no {CURVES}: {error}", file=sys.stderr)
     return None
+
+
+def plot_compute(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
+  """ROOT/compute.png: every finished seed's final ViT top-1 against its training PFLOPs, the
+  teacher's run drawn apart (a line from the row's own compute to its total); None if none."""
+  points = [
+    (r, seed, top1)
+    for r in report["rows"]
+    if r.get("train_pflops") and r["top1"].get("vit")
+    for seed, top1 in zip(r["seeds_done"], r["top1"]["vit"]["values"])
+  ]
+  if not points:
+    return None
+  try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+  except ModuleNotFoundError as error:
+    print(f"warning: no compute figure: {error}", file=sys.stderr)
+    return None
+  figure, axes = plt.subplots(figsize=(8, 5))
+  colours = {}
+  for r, seed, top1 in points:
+    colour = colours.setdefault(r["name"], f"C{len(colours) % 10}")
+    own = r["train_pflops"].get(seed, r["train_pflops"].get(str(seed)))
+    teacher = (r.get("teacher_pflops") or {}).get(seed, 0.0)
+    label = r["name"] if seed == r["seeds_done"][0] else None
+    axes.scatter([own + teacher], [top1], color=colour, label=label, zorder=3)
+    if teacher:
+      axes.plot([own, own + teacher], [top1, top1], color=colour, lw=1, ls=":")
+      axes.scatter([own], [top1], color=colour, marker="|", zorder=3)
+  axes.set_xlabel("training compute, PFLOPs (dotted: the teacher's run)")
+  axes.set_ylabel("ViT final top-1 (%)")
+  axes.set_title(report["title"], fontsize=9)
+  axes.grid(alpha=0.3)
+  axes.legend(fontsize=7, loc="best")
+  path = root / COMPUTE
+  figure.tight_layout()
+  figure.savefig(str(path), dpi=120)
+  plt.close(figure)
+  return path
 
 
 def write_report(root: epath.Path, report: dict[str, Any]) -> None:

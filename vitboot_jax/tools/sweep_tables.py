@@ -58,6 +58,8 @@ class Table:
   root: str = ""  # Default --root.
   # A row every other row's ViT is set against (difference, pooled std, per seed; sweep_report).
   reference: str | None = None
+  # Report each row's training compute in FLOPs from its traced train step (tools/train_compute.py).
+  compute: bool = False
 
 
 def _cifar_rows(dataset: str) -> tuple[Row, ...]:
@@ -329,6 +331,71 @@ def _helps_rows(config: str) -> tuple[Row, ...]:
   )
 
 
+# The compute-matched epochs of the well_trained table, counted from the traced train steps before
+# any run (docs/results.md): teacher_corr's 20 epochs with its teacher's 20-epoch run, and without.
+MATCHED_TOTAL_EPOCHS = 86
+MATCHED_OWN_EPOCHS = 37
+DEIT_TEACHER_RUN = "{root}/agent_deit_seed{seed}"
+
+
+def _well_trained_rows(config: str) -> tuple[Row, ...]:
+  """Does the agent help a well-trained ViT: the helps references and teacher rows (the same
+  commands, so their records are reused), the ViT alone with label smoothing and given
+  teacher_corr's compute, and the same with the field's recipe (recipe=deit)."""
+
+  def row(name: str, args: str, note: str, models=("vit",), overrides=()) -> Row:
+    return Row(name, f"{config}:{args}", models, note, tuple(overrides), run=name)
+
+  teacher = (f"--config.agent_init_from={AGENT_RUN}",)
+  deit_teacher = (f"--config.agent_init_from={DEIT_TEACHER_RUN}",)
+  total, own = MATCHED_TOTAL_EPOCHS, MATCHED_OWN_EPOCHS
+  pair = ("vit", "agent")
+  corr, kd = "mode=joint,frozen=1,form=corr,epochs=20", "mode=joint,feature=0,frozen=1,epochs=20"
+  return (
+    row("vit", "mode=vit,epochs=20", "reference: ViT alone (helps)"),
+    row("agent", "mode=agent,epochs=20", "agent alone, the teacher below (helps)", ("agent",)),
+    row("teacher_corr", corr, "KD + correlation hint from it, frozen (helps)", pair, teacher),
+    row("kd_teacher", kd, "soft KD only from it, frozen (helps)", pair, teacher),
+    row("vit_ls", "mode=vit,epochs=20,smoothing=0.1", "1 ViT alone, label smoothing 0.1"),
+    row(
+      "vit_matched_own",
+      f"mode=vit,epochs={own}",
+      f"2 ViT alone, {own} epochs: teacher_corr's own compute",
+    ),
+    row(
+      "vit_matched_total",
+      f"mode=vit,epochs={total}",
+      f"2 ViT alone, {total} epochs: teacher_corr's compute with its teacher's run",
+    ),
+    row("vit_deit", "mode=vit,epochs=20,recipe=deit", "3 ViT alone, DeiT's recipe"),
+    row(
+      "agent_deit",
+      "mode=agent,epochs=20,recipe=deit",
+      "3 agent alone, DeiT's recipe: the teacher below",
+      ("agent",),
+    ),
+    row(
+      "teacher_corr_deit",
+      corr + ",recipe=deit",
+      "3 KD + correlation hint from it, frozen, DeiT's recipe",
+      pair,
+      deit_teacher,
+    ),
+    row(
+      "kd_teacher_deit",
+      kd + ",recipe=deit",
+      "3 soft KD only from it, frozen, DeiT's recipe",
+      pair,
+      deit_teacher,
+    ),
+    row(
+      "vit_deit_matched_total",
+      f"mode=vit,epochs={total},recipe=deit",
+      f"3 ViT alone, DeiT's recipe, {total} epochs (recounted on the recipe's steps first)",
+    ),
+  )
+
+
 # The study tables log the ViT's CE and hint gradient shares (the paper tables train as users do).
 SHARES = "--config.log_hint_shares=true"
 _REPLICATION = dict(
@@ -422,6 +489,20 @@ _TABLES += (
     # The data (an .npz of the 10% subset) and the epochs come from launch/rung3_224.sh.
     overrides=("--config.data.pipeline=device",),
     reference="vit",
+  ),
+)
+_TABLES += (
+  Table(
+    "well_trained",
+    "Does the agent help a well-trained ViT? Compute, label smoothing, DeiT's recipe (8x8 tokens)",
+    _well_trained_rows("configs/quickstart.py"),
+    root="workdirs/well_trained",
+    note_header="description",
+    seeds=(0, 1),
+    data_folder=True,
+    overrides=("--config.eval_every_epochs=5",),  # As helps: its rows' commands are the same.
+    reference="vit",
+    compute=True,
   ),
 )
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
