@@ -33,6 +33,12 @@ reads the results into tables and figures; this module is the command line):
   * replication_224: the paper's own ViT-S and Agent-S rows (configs/vits_cifar10.py: 224 px,
     the official recipe) on the same 10% of CIFAR-10, with the dataset on the devices; run side
     by side on one accelerator by launch/rung3_224.sh, which sets the data and the epochs.
+  * well_trained: does the agent help a well-trained ViT (the helps setting, 20 epochs): the
+    helps references and teacher rows (the same commands, so their records are reused), the ViT
+    alone with label smoothing and given teacher_corr's training compute (37 and 86 epochs,
+    counted before any run: docs/results.md), and the same rows with recipe=deit (DeiT's
+    augmentation and regularisation). Its report adds each row's training FLOPs
+    (tools/train_compute.py, the teacher's run apart) and ROOT/compute.png.
   The replication tables read the CIFAR-10 image folder --data_dir and evaluate every epoch.
 
 Every (row, seed) trains into ROOT/<run>_seed<S>, where <run> is the replication row's name or,
