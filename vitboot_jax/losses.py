@@ -6,6 +6,9 @@ because these are small reductions whose rounding would otherwise leak into the 
 Teacher inputs are wrapped in `stop_gradient` here, not by callers, so no call site can forget it
 (docs/reference/official_pytorch_code.md §3: the official code detaches the teacher in KD and in
 the hint loss).
+With the field's recipe (data/recipe_augment.py) every model of a step sees the one augmented,
+mixed batch, so KD's teacher logits and the hint's agent map are the teacher's on those same images
+(Beyer et al. 2022's consistent teaching); only the cross-entropy reads the mixed targets.
 """
 
 from __future__ import annotations
