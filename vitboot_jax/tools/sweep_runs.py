@@ -126,13 +126,13 @@ class Stopped(Exception):  # noqa: N818 (not an error: a requested stop)
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def run_training(cmd: Sequence[str]) -> tuple[int, int | None]:
-  """Runs one training command from the repo root: (exit code, stop signal the sweep got).
+def run_training(cmd: Sequence[str], cwd: str | os.PathLike = REPO) -> tuple[int, int | None]:
+  """Runs one training command from `cwd` (the repo root): (exit code, stop signal received).
 
   SIGTERM or SIGINT to the sweep reaches the run as SIGTERM, so it saves and exits (a Ctrl-C in
   a terminal reaches both; a second SIGTERM is harmless, a second SIGINT would skip the save).
   """
-  process = subprocess.Popen([sys.executable, *cmd[1:]], cwd=REPO)
+  process = subprocess.Popen([sys.executable, *cmd[1:]], cwd=cwd)
   received: list[int] = []
 
   def forward(signum: int, frame: Any) -> None:
