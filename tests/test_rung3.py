@@ -182,3 +182,28 @@ def test_device_pack_sends_back_summaries_and_one_archive_without_checkpoints(tm
     timeout=60,
   )
   assert proc.returncode == 2 and "is not a folder" in proc.stderr
+
+
+def test_the_recipe_rows_run_at_224_px_with_their_recipe_teacher(tmp_path):
+  # Issue 76's queue item 4: DeiT's recipe on the paper's ViT-S and Agent-S, the agent first.
+  npz_dir = tmp_path / "npz"
+  npz_dir.mkdir()
+  for split in ("train", "test"):
+    read_npz.write_npz(
+      str(npz_dir / f"{split}.npz"), np.zeros((20, 32, 32, 3), np.uint8), np.arange(20) % 10
+    )
+  proc = _launch(
+    tmp_path / "root", 40, npz_dir, TABLE="well_trained_224", ROWS="agent_deit", DRY="1"
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  commands = [shlex.split(c) for c in proc.stdout.splitlines() if c.startswith("python -m")]
+  assert len(commands) == 4
+  for args in commands:
+    spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
+    assert spec.startswith("configs/vits_cifar10.py:mode=") and spec.endswith("recipe=deit")
+    config = _apply(load_config(spec), [a for a in args if a.startswith("--config.")])
+    configlib.validate(config, num_devices=1)
+    assert (config.image_size, config.num_epochs, config.mix.cutmix_alpha) == (224, 40, 1.0)
+    if config.agent_frozen:
+      assert config.agent_init_from == str(tmp_path / "root" / "agent_deit_seed0")
+      assert config.agent.drop_path == 0.0 and config.model.drop_path == 0.1

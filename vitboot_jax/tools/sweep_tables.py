@@ -347,7 +347,6 @@ def _well_trained_rows(config: str) -> tuple[Row, ...]:
     return Row(name, f"{config}:{args}", models, note, tuple(overrides), run=name)
 
   teacher = (f"--config.agent_init_from={AGENT_RUN}",)
-  deit_teacher = (f"--config.agent_init_from={DEIT_TEACHER_RUN}",)
   total, own = MATCHED_TOTAL_EPOCHS, MATCHED_OWN_EPOCHS
   pair = ("vit", "agent")
   corr, kd = "mode=joint,frozen=1,form=corr,epochs=20", "mode=joint,feature=0,frozen=1,epochs=20"
@@ -367,32 +366,38 @@ def _well_trained_rows(config: str) -> tuple[Row, ...]:
       f"mode=vit,epochs={total}",
       f"2 ViT alone, {total} epochs: teacher_corr's compute with its teacher's run",
     ),
-    row("vit_deit", "mode=vit,epochs=20,recipe=deit", "3 ViT alone, DeiT's recipe"),
-    row(
-      "agent_deit",
-      "mode=agent,epochs=20,recipe=deit",
-      "3 agent alone, DeiT's recipe: the teacher below",
-      ("agent",),
-    ),
-    row(
-      "teacher_corr_deit",
-      corr + ",recipe=deit",
-      "3 KD + correlation hint from it, frozen, DeiT's recipe",
-      pair,
-      deit_teacher,
-    ),
-    row(
-      "kd_teacher_deit",
-      kd + ",recipe=deit",
-      "3 soft KD only from it, frozen, DeiT's recipe",
-      pair,
-      deit_teacher,
-    ),
+    *_recipe_rows(config, ",epochs=20", "3 "),
     row(
       "vit_deit_matched_total",
       f"mode=vit,epochs={total},recipe=deit",
       f"3 ViT alone, DeiT's recipe, {total} epochs (recounted on the recipe's steps first)",
     ),
+  )
+
+
+def _recipe_rows(config: str, epochs: str = "", label: str = "") -> tuple[Row, ...]:
+  """The rows with the field's recipe (recipe=deit): the agent alone (their teacher), the ViT
+  alone, and teacher_corr and kd_teacher from that agent; `epochs` (",epochs=N") after each
+  row's mode args, else the config's (the 224-px ones take theirs from launch/rung3_224.sh)."""
+
+  def row(name: str, args: str, note: str, models=("vit",), overrides=()) -> Row:
+    config_args = f"{config}:{args}{epochs},recipe=deit"
+    return Row(name, config_args, models, f"{label}{note}", tuple(overrides), run=name)
+
+  teacher = (f"--config.agent_init_from={DEIT_TEACHER_RUN}",)
+  pair = ("vit", "agent")
+  corr, kd = "mode=joint,frozen=1,form=corr", "mode=joint,feature=0,frozen=1"
+  return (
+    row("vit_deit", "mode=vit", "ViT alone, DeiT's recipe"),
+    row("agent_deit", "mode=agent", "agent alone, DeiT's recipe: the teacher below", ("agent",)),
+    row(
+      "teacher_corr_deit",
+      corr,
+      "KD + correlation hint from it, frozen, DeiT's recipe",
+      pair,
+      teacher,
+    ),
+    row("kd_teacher_deit", kd, "soft KD only from it, frozen, DeiT's recipe", pair, teacher),
   )
 
 
@@ -502,6 +507,18 @@ _TABLES += (
     data_folder=True,
     overrides=("--config.eval_every_epochs=5",),  # As helps: its rows' commands are the same.
     reference="vit",
+    compute=True,
+  ),
+)
+_TABLES += (
+  Table(
+    "well_trained_224",
+    "Does the agent help a well-trained ViT? DeiT's recipe, the paper's ViT-S and Agent-S, 224 px",
+    _recipe_rows("configs/vits_cifar10.py"),
+    root="workdirs/well_trained_224",
+    note_header="description",
+    # The data (an .npz of the 10% subset) and the epochs come from launch/rung3_224.sh.
+    overrides=("--config.data.pipeline=device",),
     compute=True,
   ),
 )
