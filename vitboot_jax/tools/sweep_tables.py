@@ -336,6 +336,7 @@ def _helps_rows(config: str) -> tuple[Row, ...]:
 MATCHED_TOTAL_EPOCHS = 86
 MATCHED_OWN_EPOCHS = 37
 DEIT_TEACHER_RUN = "{root}/agent_deit_seed{seed}"
+SHORT_TEACHER_RUN = "{root}/agent_e10_seed{seed}"
 
 
 def _well_trained_rows(config: str) -> tuple[Row, ...]:
@@ -367,6 +368,21 @@ def _well_trained_rows(config: str) -> tuple[Row, ...]:
       f"2 ViT alone, {total} epochs: teacher_corr's compute with its teacher's run",
     ),
     *_recipe_rows(config, ",epochs=20", "3 "),
+    # Ours, after the first result (the ViT alone at teacher_corr's own compute, 37 epochs, stays
+    # below it): can the teacher's run, the larger share of the compute, be shorter?
+    row(
+      "agent_e10",
+      "mode=agent,epochs=10",
+      "4 (ours) agent alone, 10 epochs: a shorter teacher",
+      ("agent",),
+    ),
+    row(
+      "teacher_corr_short",
+      corr,
+      "4 (ours) teacher_corr from the 10-epoch agent",
+      pair,
+      (f"--config.agent_init_from={SHORT_TEACHER_RUN}",),
+    ),
     row(
       "vit_deit_matched_total",
       f"mode=vit,epochs={total},recipe=deit",
