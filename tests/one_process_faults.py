@@ -1,22 +1,37 @@
 """`python -m vitboot_jax.main` with a fault in this process alone, for the tests of one process
-of a multi-process run failing: `python -m tests.one_process_faults FLAGS`, the fault named by
-VITBOOT_TEST_FAULT:
+of a multi-process run failing: `python -m tests.one_process_faults FLAGS`, the faults named by
+VITBOOT_TEST_FAULT (several: comma-separated):
 
 - `unreadable`: every read of a checkpoint fails, as a damaged file makes it (the step is damaged);
 - `restore`: restoring the state fails though the files read back in full (they are intact);
-- `save`: orbax's save fails with a full disk.
+- `save`: orbax's save fails with a full disk;
+- `save_before_agreement`: a save fails with a full disk before this process enters the save's
+  agreement, so the others wait for it there;
+- `slow_agreement`: this process reads a save's agreement only SLOW_S after writing its own part
+  (a loaded host), so another's failure is published while it is still in the agreement;
+- `slow_leaving`: leaving the distributed service takes SLOW_S more, so whatever this process's
+  main thread does once the ending began shows before it exits.
 """
 
 import errno
 import os
 import runpy
+import time
+
+# Long against what the faults race with (a thread's wake-up, a key-value read), short for a test.
+SLOW_S = 2.0
 
 
-def inject(fault: str) -> None:
+def inject(faults: str) -> None:
+  for fault in faults.split(","):
+    _inject(fault)
+
+
+def _inject(fault: str) -> None:
   import jax
   import orbax.checkpoint as ocp
 
-  from vitboot_jax import checkpoint
+  from vitboot_jax import checkpoint, checkpoint_errors, sharding
 
   def failing_read(self, step, target):
     sharded = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(target))
@@ -26,14 +41,41 @@ def inject(fault: str) -> None:
       raise ValueError(f"injected: the arrays of step {step} cannot be placed")
     return read(self, step, target)
 
+  def full_disk(directory, step):
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{directory}/{step}")
+
   def failing_save(self, step, *args, **kwargs):
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{self.directory}/{step}")
+    raise full_disk(self.directory, step)
+
+  def failing_before_agreement(self, step, state, *, force=False):
+    if not (force or self.should_save(step)):
+      return False
+    what = f"Saving step {step} under {self.directory}"
+    message = self.write_failure(what, full_disk(self.directory, step))
+    raise checkpoint_errors.CheckpointSaveError(message)
+
+  def slow_collect(client, prefix, timeout_s):
+    if "/checkpoint.save." in prefix:
+      time.sleep(SLOW_S)
+    return collect(client, prefix, timeout_s)
+
+  def slow_shutdown():
+    shutdown()
+    time.sleep(3 * SLOW_S)  # Outlasts the agreement's delay, whenever the ending began.
 
   if fault in ("unreadable", "restore"):
     read = checkpoint.Checkpointer._read
     checkpoint.Checkpointer._read = failing_read
   elif fault == "save":
     ocp.CheckpointManager.save = failing_save
+  elif fault == "save_before_agreement":
+    checkpoint.Checkpointer.save = failing_before_agreement
+  elif fault == "slow_agreement":
+    collect = sharding._collect
+    sharding._collect = slow_collect
+  elif fault == "slow_leaving":
+    shutdown = jax.distributed.shutdown
+    jax.distributed.shutdown = slow_shutdown
   else:
     raise ValueError(f"VITBOOT_TEST_FAULT={fault!r} is not a fault")
 

@@ -413,6 +413,43 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(uninterrupted, image_
     assert got[step] == pytest.approx(want[step], rel=1e-3), step
 
 
+def test_the_ending_begins_once_and_an_error_after_it_is_its_echo(monkeypatch, caplog):
+  """Once one thread began ending the process, a failure any other thread meets (a read its
+  leaving cancelled) waits for the exit: it reads nothing and says nothing."""
+  import threading
+
+  from vitboot_jax import ending
+
+  state = ending._Ending()
+  monkeypatch.setattr(ending, "_STATE", state)
+  monkeypatch.setattr(ending, "_multi_process", lambda: True)
+  reads = []
+  monkeypatch.setattr(ending, "_published", reads.append)
+  assert state.begin() and not state.begin()
+  cancelled = RuntimeError("CANCELLED: GetKeyValueAsync() was cancelled.")
+  for call in (lambda: ending.fail_unforeseen(cancelled), lambda: ending.fail("a line", 1)):
+    thread = threading.Thread(target=call, daemon=True)  # Left waiting, as in a real ending.
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive()
+  assert not reads and not caplog.records
+
+
+def test_coordination_errors_are_told_from_others():
+  from vitboot_jax import ending
+
+  for status in ("CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED"):
+    assert ending.is_coordination_error(RuntimeError(f"{status}: the store's read"))
+  try:
+    try:
+      raise RuntimeError("UNAVAILABLE: Failed to send RPC")
+    except RuntimeError as error:
+      raise checkpoint_errors.CheckpointSaveError("Saving step 4 failed") from error
+  except checkpoint_errors.CheckpointSaveError as error:
+    assert ending.is_coordination_error(error)
+  assert not ending.is_coordination_error(ValueError("DATA_LOSS: a file cannot be read"))
+
+
 def _free_port():
   import socket
 
@@ -421,19 +458,20 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _start_two(workdir, folder, port, *overrides, fault=None):
-  """The two processes of one run; `fault` (tests/one_process_faults.py) hits process 1 alone."""
+def _start_two(workdir, folder, port, *overrides, fault=None, fault0=None):
+  """The two processes of one run; `fault` and `fault0` (tests/one_process_faults.py) hit
+  process 1 and process 0 alone."""
   procs = []
-  for pid in range(2):
+  for pid, faults in enumerate((fault0, fault)):
     variables = env(2)
     cmd = command(workdir, folder, *overrides) + [
       f"--coordinator_address=127.0.0.1:{port}",
       "--num_processes=2",
       f"--process_id={pid}",
     ]
-    if fault and pid == 1:
+    if faults:
       cmd[1:3] = ["-m", "tests.one_process_faults"]
-      variables["VITBOOT_TEST_FAULT"] = fault
+      variables["VITBOOT_TEST_FAULT"] = faults
     procs.append(
       subprocess.Popen(
         cmd, env=variables, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -507,9 +545,20 @@ def test_a_restore_failing_on_one_process_ends_every_process(
 
 
 @pytest.mark.slow
-def test_a_save_failing_on_one_process_ends_every_process(image_folder, tmp_path):
+@pytest.mark.parametrize(
+  "fault, fault0",
+  [
+    ("save", None),
+    # Process 0 still in the save's agreement when process 1's line comes, and slow to leave:
+    # its main thread meets the cancelled read of its own leaving before it exits.
+    ("save", "slow_agreement,slow_leaving"),
+    # Process 1 fails before the agreement: process 0 is certainly blocked in its read.
+    ("save_before_agreement", "slow_leaving"),
+  ],
+)
+def test_a_save_failing_on_one_process_ends_every_process(image_folder, tmp_path, fault, fault0):
   workdir = tmp_path / "run"
-  procs = _start_two(workdir, image_folder, _free_port(), fault="save")
+  procs = _start_two(workdir, image_folder, _free_port(), fault=fault, fault0=fault0)
   (code, line), _ = _ended_together(procs)
   root = workdir / "checkpoints"
   assert code == 1, line

@@ -8,6 +8,14 @@ jax.distributed's key-value store; every process watches that key in a thread (`
 once it is set, prints the same line, leaves the distributed service together with the others and
 exits with the same code, even while its main thread is blocked in a collective. A single-process
 run prints the line and exits as it always did.
+
+The ending is one state of the process, begun once: every thread consults it before it reads the
+store or says anything, and an error raised after it began is its echo (leaving the service
+cancels this process's pending reads), never a second line. An error of the coordination service
+itself (a read cancelled, unavailable or past its deadline) is taken as a sign that a peer failed:
+that peer's line is read and ended with. Leaving keeps jax.distributed's shutdown barrier, bounded
+in time: process 0 hosts the service, and a peer whose client sees it vanish is terminated by jax
+with its own fatal error, not with the run's line.
 """
 
 from __future__ import annotations
@@ -36,8 +44,36 @@ _SETTLE_MS = 2_000
 # How long a process waits for the others to leave the service with it (a wedged one never does).
 _LEAVE_S = 60.0
 
-# Held by the one thread that ends this process; any other that wants to end it waits.
-_ENDING = threading.Lock()
+# The status codes of the coordination service's own failures (a peer gone, or this process's
+# leaving): a peer's failure may be what they report.
+_COORDINATION_ERRORS = ("CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+class _Ending:
+  """Whether this process is being ended; begun once, by the one thread that then ends it."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._begun = threading.Event()
+
+  def begun(self) -> bool:
+    return self._begun.is_set()
+
+  def begin(self) -> bool:
+    """True for the one thread that begins the ending; False once another has."""
+    with self._lock:
+      if self._begun.is_set():
+        return False
+      self._begun.set()
+      return True
+
+  def defer(self) -> None:
+    """Waits, if the ending has begun, for the thread that ends this process to exit it."""
+    if self._begun.is_set():
+      threading.Event().wait()
+
+
+_STATE = _Ending()
 
 
 def _multi_process() -> bool:
@@ -71,14 +107,15 @@ def watching() -> Iterator[None]:
 
 
 def _watch(client, stop: threading.Event) -> None:
-  while not (stop.is_set() or _ENDING.locked()):  # Locked: this process is being ended.
+  while not (stop.is_set() or _STATE.begun()):
     try:
       published = client.blocking_key_value_get(_KEY, _POLL_MS)
     except Exception as error:  # Nothing published yet: the read timed out.
       if "DEADLINE_EXCEEDED" not in str(error):
         stop.wait(_POLL_MS / 1000)  # The service is busy or going: look again later.
       continue
-    _end(*_decode(published))
+    if _STATE.begin():  # Else another thread is ending this process already.
+      _leave(*_decode(published))
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -87,18 +124,9 @@ def fail(message: str, code: int) -> NoReturn:
   if not _multi_process():
     _say(message, code)
     sys.exit(code)
-  if not _ENDING.acquire(blocking=False):
-    threading.Event().wait()  # The watcher is ending this process with the published line.
-  encoded = json.dumps({"message": message, "code": code})
-  client = _client()
-  try:
-    client.key_value_set(_KEY, encoded)  # Refused once another process published first.
-  except Exception:
-    try:
-      encoded = client.blocking_key_value_get(_KEY, _READ_MS)
-    except Exception:  # The service is gone: this process's own line is all there is.
-      pass
-  _leave(*_decode(encoded))
+  if not _STATE.begin():
+    _STATE.defer()  # Ending already: this failure is its echo.
+  _publish_and_leave(message, code)
 
 
 def fail_unforeseen(error: Exception) -> NoReturn:
@@ -107,21 +135,48 @@ def fail_unforeseen(error: Exception) -> NoReturn:
   line, its traceback logged."""
   import jax
 
-  try:
-    published = _client().blocking_key_value_get(_KEY, _SETTLE_MS)
-  except Exception:  # Nothing published (the read timed out), or the service is gone.
-    published = None
+  _STATE.defer()  # Ending already: the error is its echo (a read its leaving cancelled).
+  published = _published(_READ_MS if is_coordination_error(error) else _SETTLE_MS)
+  if not _STATE.begin():
+    _STATE.defer()  # The watcher began the ending while this thread read.
   if published is not None:
-    if not _ENDING.acquire(blocking=False):
-      threading.Event().wait()  # The watcher is ending this process with the published line.
     _leave(*_decode(published))
   logging.error("Process %d failed:", jax.process_index(), exc_info=error)
-  fail(f"Process {jax.process_index()} failed: {errors.first_line(error)}", 1)
+  _publish_and_leave(f"Process {jax.process_index()} failed: {errors.first_line(error)}", 1)
 
 
-def _end(message: str, code: int) -> None:
-  if _ENDING.acquire(blocking=False):  # Else the main thread is ending this process already.
-    _leave(message, code)
+def _publish_and_leave(message: str, code: int) -> NoReturn:
+  """Publishes this failure, unless another process's came first, and leaves with the first."""
+  encoded = json.dumps({"message": message, "code": code})
+  try:
+    _client().key_value_set(_KEY, encoded)  # Refused once another process published first.
+  except Exception:
+    published = _published(_READ_MS)
+    encoded = published if published is not None else encoded  # Else the service is gone.
+  _leave(*_decode(encoded))
+
+
+def is_coordination_error(error: BaseException) -> bool:
+  """Whether `error` (or an error behind it) is a failure of the coordination service's calls."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if str(error).startswith(_COORDINATION_ERRORS):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _published(wait_ms: int) -> str | None:
+  """The first failure's line as published, waiting up to `wait_ms`; None if none came (or the
+  service is gone)."""
+  client = _client()
+  if client is None:  # This process has left the service.
+    return None
+  try:
+    return client.blocking_key_value_get(_KEY, wait_ms)
+  except Exception:  # Nothing published (the read timed out), or the service is gone.
+    return None
 
 
 def _leave(message: str, code: int) -> NoReturn:

@@ -69,6 +69,11 @@ def exchange(name: str, value: str, timeout_s: float = 600.0) -> list[str]:
   client = distributed.global_state.client
   prefix = f"vitboot_jax/exchange/{name}/{next(_EXCHANGES)}"
   client.key_value_set(f"{prefix}/{jax.process_index()}", value)
+  return _collect(client, prefix, timeout_s)
+
+
+def _collect(client, prefix: str, timeout_s: float) -> list[str]:
+  """Every process's value under `prefix`, waiting up to `timeout_s` for each."""
   return [
     client.blocking_key_value_get(f"{prefix}/{process}", int(timeout_s * 1000))
     for process in range(jax.process_count())
