@@ -271,6 +271,12 @@ def train_and_evaluate(
   if jax.process_index() == 0:
     recorded = json.loads(config.to_json_best_effort())
     recorded["steps_per_call"] = steps_per_call
+    if restored is None:  # What a resume started from stays as its fresh start recorded it.
+      sources = startup.source_warnings(config)
+    else:
+      sources = workdirs.saved_config(workdir).get(workdirs.SOURCE_WARNINGS, [])
+    if sources:
+      recorded[workdirs.SOURCE_WARNINGS] = sources
     metrics.write_json(workdir / workdirs.CONFIG_FILE, recorded)
     metrics.write_json(workdir / workdirs.DATA_FILE, data_record)
     # Which code and libraries ran each part of the run, so a result can name its own commit.
