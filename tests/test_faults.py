@@ -518,26 +518,39 @@ def saved_run(image_folder, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["unreadable", "restore"])
+@pytest.mark.parametrize(
+  "fault, fault0", [(None, "unreadable"), ("unreadable", None), ("restore", None)]
+)
 def test_a_restore_failing_on_one_process_ends_every_process(
-  saved_run, image_folder, tmp_path, fault
+  saved_run, image_folder, tmp_path, fault, fault0
 ):
-  """A step one process finds damaged is set aside by all (none intact: one line, exit 2); a
-  restore failing on one process on intact files is one line and exit 1 on every process."""
+  """A step process 0 finds damaged is set aside by all (none intact: one line, exit 2); one
+  that only process 1 cannot read is not damage (process 0, which would move it, reads it): one
+  line, exit 1, nothing moved; a restore failing on one process on intact files is one line and
+  exit 1 on every process."""
   import shutil
 
   workdir = tmp_path / "run"
   shutil.copytree(saved_run, workdir)
   root = workdir / "checkpoints"
-  procs = _start_two(workdir, image_folder, _free_port(), "--config.total_steps=8", fault=fault)
+  procs = _start_two(
+    workdir, image_folder, _free_port(), "--config.total_steps=8", fault=fault, fault0=fault0
+  )
   (code, line), logs = _ended_together(procs)
   assert not (workdir / "claim.json").exists()  # Released: a re-run takes nothing over.
-  if fault == "unreadable":
+  if fault0 == "unreadable":
     assert code == 2 and line.startswith(f"error: No checkpoint in {root} is intact"), line
     for step in (8, 4):
       assert f"step {step} (ValueError: DATA_LOSS: injected: a file of step {step}" in line
     assert sorted(n.split("-")[0] for n in os.listdir(root / "damaged")) == ["4", "8"]
     assert logs[0].count(" is damaged (ValueError: DATA_LOSS: injected") == 2  # Moved by 0.
+  elif fault == "unreadable":
+    assert code == 1 and line.startswith(
+      f"Checkpoint {root / '8'} (step 8) cannot be read on "
+      "process 1 (ValueError: DATA_LOSS: injected"
+    ), line
+    assert "but process 0 reads it intact" in line and "Nothing was moved" in line
+    assert sorted(os.listdir(root)) == ["4", "8"]
   else:
     assert code == 1 and line.startswith(f"Checkpoint {root / '8'} is intact"), line
     assert "cannot be restored as requested: ValueError: injected: the arrays of step 8" in line
