@@ -450,6 +450,62 @@ def test_coordination_errors_are_told_from_others():
   assert not ending.is_coordination_error(ValueError("DATA_LOSS: a file cannot be read"))
 
 
+def test_an_exchange_one_process_alone_made_shifts_only_its_own_name(monkeypatch):
+  """Two processes, faked as threads over one store: process 1 makes an exchange process 0
+  never makes (it gives up); their next exchange of another name still pairs."""
+  import collections
+  import threading
+
+  from jax._src import distributed
+
+  from vitboot_jax import sharding
+
+  store, changed, local = {}, threading.Condition(), threading.local()
+
+  class Store:
+    def key_value_set(self, key, value):
+      with changed:
+        store[key] = value
+        changed.notify_all()
+
+    def blocking_key_value_get(self, key, timeout_ms):
+      with changed:
+        if not changed.wait_for(lambda: key in store, timeout_ms / 1000):
+          raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+        return store[key]
+
+  class PerProcess(collections.Counter):  # Each faked process counts its own exchanges.
+    def __getitem__(self, name):
+      return super().__getitem__((local.index, name))
+
+    def __setitem__(self, name, value):
+      super().__setitem__((local.index, name), value)
+
+  monkeypatch.setattr(distributed.global_state, "client", Store())
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: local.index)
+  monkeypatch.setattr(sharding, "_EXCHANGES", PerProcess())
+  got = {}
+
+  def process(index, calls):
+    local.index = index
+    for name, value, timeout_s in calls:
+      try:
+        got[index] = sharding.exchange(name, value, timeout_s=timeout_s)
+      except RuntimeError as error:
+        got[index] = str(error)
+
+  threads = [
+    threading.Thread(target=process, args=(1, [("latest", "1", 0.2), ("verify", "v1", 30)])),
+    threading.Thread(target=process, args=(0, [("verify", "v0", 30)])),
+  ]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert got == {0: ["v0", "v1"], 1: ["v0", "v1"]}
+
+
 def _free_port():
   import socket
 
