@@ -7,6 +7,7 @@ VITBOOT_TEST_FAULT (several: comma-separated):
 - `save`: orbax's save fails with a full disk;
 - `save_before_agreement`: a save fails with a full disk before this process enters the save's
   agreement, so the others wait for it there;
+- `final`: writing final.json fails with a full disk;
 - `slow_agreement`: this process reads a save's agreement only SLOW_S after writing its own part
   (a loaded host), so another's failure is published while it is still in the agreement;
 - `slow_leaving`: leaving the distributed service takes SLOW_S more, so whatever this process's
@@ -31,7 +32,7 @@ def _inject(fault: str) -> None:
   import jax
   import orbax.checkpoint as ocp
 
-  from vitboot_jax import checkpoint, checkpoint_errors, sharding
+  from vitboot_jax import checkpoint, checkpoint_errors, metrics, sharding, workdirs
 
   def failing_read(self, step, target):
     sharded = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(target))
@@ -70,6 +71,15 @@ def _inject(fault: str) -> None:
     ocp.CheckpointManager.save = failing_save
   elif fault == "save_before_agreement":
     checkpoint.Checkpointer.save = failing_before_agreement
+  elif fault == "final":
+    write_json = metrics.write_json
+
+    def failing_final(path, obj):
+      if os.path.basename(path) == workdirs.FINAL_FILE:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+      write_json(path, obj)
+
+    metrics.write_json = failing_final
   elif fault == "slow_agreement":
     collect = sharding._collect
     sharding._collect = slow_collect

@@ -637,6 +637,19 @@ def test_a_save_failing_on_one_process_ends_every_process(image_folder, tmp_path
   assert not (workdir / "claim.json").exists()
 
 
+@pytest.mark.slow
+def test_final_json_failing_on_process_0_ends_every_process(image_folder, tmp_path):
+  """Process 0 alone writes final.json: process 1 waits to learn how that went, and both end
+  with its line, not 1 and 0."""
+  workdir = tmp_path / "run"
+  procs = _start_two(workdir, image_folder, _free_port(), "--config.total_steps=4", fault0="final")
+  (code, line), _ = _ended_together(procs)
+  assert code == 1, line
+  assert line.startswith(f"Writing {workdir / 'final.json'} failed: No space left on device"), line
+  assert "resumes from the newest complete checkpoint (step 4)" in line
+  assert not (workdir / "final.json").exists() and not (workdir / "claim.json").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # The workdir as a contract: one run at a time, no resume on other data.
 

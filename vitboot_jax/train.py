@@ -26,6 +26,7 @@ from etils import epath
 
 from vitboot_jax import (
   checkpoint,
+  checkpoint_errors,
   configlib,
   evaluate,
   metrics,
@@ -353,8 +354,17 @@ def train_and_evaluate(
       "code": run_code,  # This launch's (launches.jsonl holds every launch's).
       **{k.replace("eval/", ""): v for k, v in eval_metrics.items()},
     }
-    if jax.process_index() == 0:
-      metrics.write_json(workdir / workdirs.FINAL_FILE, final)
+  failure = None
+  if jax.process_index() == 0:
+    try:
+      with _writes_named(workdir, ckpt):
+        metrics.write_json(workdir / workdirs.FINAL_FILE, final)
+    except WriteError as error:
+      failure = error
+  # Process 0 alone writes final.json: every process learns how that went before any leaves.
+  failure = checkpoint_errors.agreed("train.final", failure)
+  if failure is not None:
+    raise failure
   writer.close()
   ckpt.close()
   claim.release()
