@@ -7,6 +7,8 @@ VITBOOT_TEST_FAULT (several: comma-separated):
 - `save`: orbax's save fails with a full disk;
 - `save_before_agreement`: a save fails with a full disk before this process enters the save's
   agreement, so the others wait for it there;
+- `background_save`: each save is written, then reported failed (a full disk) at the next
+  `should_save`, as a background write's failure is, while the others go on to the next step;
 - `final`: writing final.json fails with a full disk;
 - `slow_agreement`: this process reads a save's agreement only SLOW_S after writing its own part
   (a loaded host), so another's failure is published while it is still in the agreement;
@@ -71,6 +73,24 @@ def _inject(fault: str) -> None:
     ocp.CheckpointManager.save = failing_save
   elif fault == "save_before_agreement":
     checkpoint.Checkpointer.save = failing_before_agreement
+  elif fault == "background_save":
+    save, should_save = checkpoint.Checkpointer.save, checkpoint.Checkpointer.should_save
+
+    def saving_into_a_full_disk(self, step, state, *, force=False):
+      saved = save(self, step, state, force=force)
+      self.failed_in_background = self.failed_in_background or (saved and step)
+      return saved
+
+    def failing_at_the_next_should_save(self, step):
+      if self.failed_in_background:
+        what = f"Saving a checkpoint under {self.directory}"
+        error = full_disk(self.directory, self.failed_in_background)
+        raise checkpoint_errors.CheckpointSaveError(self.write_failure(what, error))
+      return should_save(self, step)
+
+    checkpoint.Checkpointer.failed_in_background = None
+    checkpoint.Checkpointer.save = saving_into_a_full_disk
+    checkpoint.Checkpointer.should_save = failing_at_the_next_should_save
   elif fault == "final":
     write_json = metrics.write_json
 

@@ -638,6 +638,22 @@ def test_a_save_failing_on_one_process_ends_every_process(image_folder, tmp_path
 
 
 @pytest.mark.slow
+def test_a_background_save_failing_on_one_process_ends_every_process(image_folder, tmp_path):
+  """Process 1 learns of its failed background save at the next step's should_save; process 0,
+  saving every step, waits for it in that step's agreement until its line comes."""
+  workdir = tmp_path / "run"
+  overrides = ("--config.total_steps=8", "--config.checkpoint_every_steps=1")
+  procs = _start_two(
+    workdir, image_folder, _free_port(), *overrides, fault="background_save", fault0="slow_leaving"
+  )
+  (code, line), _ = _ended_together(procs)
+  root = workdir / "checkpoints"
+  assert code == 1, line
+  assert line.startswith(f"Saving a checkpoint under {root} failed: No space left on device"), line
+  assert not (workdir / "claim.json").exists()
+
+
+@pytest.mark.slow
 def test_final_json_failing_on_process_0_ends_every_process(image_folder, tmp_path):
   """Process 0 alone writes final.json: process 1 waits to learn how that went, and both end
   with its line, not 1 and 0."""
