@@ -9,6 +9,7 @@ VITBOOT_TEST_FAULT (several: comma-separated):
   agreement, so the others wait for it there;
 - `background_save`: each save is written, then reported failed (a full disk) at the next
   `should_save`, as a background write's failure is, while the others go on to the next step;
+- `claim`: writing the workdir's claim fails with a full disk;
 - `final`: writing final.json fails with a full disk;
 - `slow_agreement`: this process reads a save's agreement only SLOW_S after writing its own part
   (a loaded host), so another's failure is published while it is still in the agreement;
@@ -34,7 +35,7 @@ def _inject(fault: str) -> None:
   import jax
   import orbax.checkpoint as ocp
 
-  from vitboot_jax import checkpoint, checkpoint_errors, metrics, sharding, workdirs
+  from vitboot_jax import checkpoint, checkpoint_errors, metrics, sharding, workdir_claim, workdirs
 
   def failing_read(self, step, target):
     sharded = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(target))
@@ -91,6 +92,12 @@ def _inject(fault: str) -> None:
     checkpoint.Checkpointer.failed_in_background = None
     checkpoint.Checkpointer.save = saving_into_a_full_disk
     checkpoint.Checkpointer.should_save = failing_at_the_next_should_save
+  elif fault == "claim":
+
+    def full_at_the_claim(workdir):
+      raise full_disk(workdir, workdir_claim.CLAIM_FILE)
+
+    workdir_claim.acquire = full_at_the_claim
   elif fault == "final":
     write_json = metrics.write_json
 

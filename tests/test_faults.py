@@ -654,6 +654,20 @@ def test_a_background_save_failing_on_one_process_ends_every_process(image_folde
 
 
 @pytest.mark.slow
+def test_the_claim_failing_on_process_0_ends_every_process(image_folder, tmp_path):
+  """Process 1 waits for process 0's verdict on the claim: a full disk is one too."""
+  workdir = tmp_path / "run"
+  procs = _start_two(workdir, image_folder, _free_port(), fault0="claim")
+  (code, line), _ = _ended_together(procs)
+  assert code == 2, line
+  assert line.startswith(f"error: Claiming --workdir={workdir} failed: No space left on device"), (
+    line
+  )
+  assert f"({workdir}/claim.json)" in line and "Free disk space" in line
+  assert not (workdir / "checkpoints").exists()
+
+
+@pytest.mark.slow
 def test_final_json_failing_on_process_0_ends_every_process(image_folder, tmp_path):
   """Process 0 alone writes final.json: process 1 waits to learn how that went, and both end
   with its line, not 1 and 0."""
