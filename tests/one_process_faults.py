@@ -9,6 +9,8 @@ VITBOOT_TEST_FAULT (several: comma-separated):
   agreement, so the others wait for it there;
 - `background_save`: each save is written, then reported failed (a full disk) at the next
   `should_save`, as a background write's failure is, while the others go on to the next step;
+- `killed_before_agreement`: this process is killed (SIGKILL) where a save's agreement begins,
+  so the others wait for it there;
 - `claim`: writing the workdir's claim fails with a full disk;
 - `final`: writing final.json fails with a full disk;
 - `slow_agreement`: this process reads a save's agreement only SLOW_S after writing its own part
@@ -20,6 +22,7 @@ VITBOOT_TEST_FAULT (several: comma-separated):
 import errno
 import os
 import runpy
+import signal
 import time
 
 # Long against what the faults race with (a thread's wake-up, a key-value read), short for a test.
@@ -92,6 +95,14 @@ def _inject(fault: str) -> None:
     checkpoint.Checkpointer.failed_in_background = None
     checkpoint.Checkpointer.save = saving_into_a_full_disk
     checkpoint.Checkpointer.should_save = failing_at_the_next_should_save
+  elif fault == "killed_before_agreement":
+
+    def killed(self, step, state, *, force=False):
+      if force or self.should_save(step):
+        os.kill(os.getpid(), signal.SIGKILL)
+      return False
+
+    checkpoint.Checkpointer.save = killed
   elif fault == "claim":
 
     def full_at_the_claim(workdir):

@@ -435,19 +435,21 @@ def test_the_ending_begins_once_and_an_error_after_it_is_its_echo(monkeypatch, c
   assert not reads and not caplog.records
 
 
-def test_coordination_errors_are_told_from_others():
+def test_errors_of_a_peer_are_told_from_others():
   from vitboot_jax import ending
 
   for status in ("CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED"):
-    assert ending.is_coordination_error(RuntimeError(f"{status}: the store's read"))
+    assert ending.is_peer_error(RuntimeError(f"{status}: the store's read"))
   try:
     try:
       raise RuntimeError("UNAVAILABLE: Failed to send RPC")
     except RuntimeError as error:
       raise checkpoint_errors.CheckpointSaveError("Saving step 4 failed") from error
   except checkpoint_errors.CheckpointSaveError as error:
-    assert ending.is_coordination_error(error)
-  assert not ending.is_coordination_error(ValueError("DATA_LOSS: a file cannot be read"))
+    assert ending.is_peer_error(error)
+  gloo = "UNKNOWN: Gloo all-reduce failed: [pair.cc:547] Connection closed by peer [::1]:4567"
+  assert ending.is_peer_error(RuntimeError(gloo))
+  assert not ending.is_peer_error(ValueError("DATA_LOSS: a file cannot be read"))
 
 
 def test_an_exchange_one_process_alone_made_shifts_only_its_own_name(monkeypatch):
@@ -665,6 +667,36 @@ def test_the_claim_failing_on_process_0_ends_every_process(image_folder, tmp_pat
   )
   assert f"({workdir}/claim.json)" in line and "Free disk space" in line
   assert not (workdir / "checkpoints").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["in a train step", "in an agreement"])
+def test_a_peer_killed_without_a_word_ends_the_survivor_in_bounded_time(
+  image_folder, tmp_path, where
+):
+  """Process 1 SIGKILLed (as the OOM killer does) while process 0 is in a train step's collective
+  (it fails at once) or in an agreement (its read never returns): process 0 ends with one line
+  naming process 1 and the fix, before jax's own heartbeat check would abort it (100 s)."""
+  workdir = tmp_path / "run"
+  fault = "killed_before_agreement" if where == "in an agreement" else None
+  procs = _start_two(workdir, image_folder, _free_port(), fault=fault)
+  if fault is None:
+    deadline = time.time() + 300
+    while time.time() < deadline and not runs.after_step(6)(None, workdir):
+      assert all(p.poll() is None for p in procs), procs[0].stderr.read()[-3000:]
+      time.sleep(0.01)
+    procs[1].kill()
+  assert procs[1].wait(timeout=300) == -signal.SIGKILL
+  killed = time.time()
+  _, log = procs[0].communicate(timeout=120)
+  waited = time.time() - killed
+  assert procs[0].returncode == 1, log[-3000:]
+  assert "Traceback" not in log, log[-3000:]
+  lines = [x.split("] ", 1)[1] for x in log.splitlines() if _OUR_ERROR.match(x)]
+  assert len(lines) == 1, log[-3000:]
+  assert lines[0].startswith("Process 1 of this run stopped without a word (no sign of life"), lines
+  assert "Relaunch every process with the same command" in lines[0]
+  assert waited < 90, waited  # _SILENT_S, then leaving (10 s), on a loaded host.
 
 
 @pytest.mark.slow

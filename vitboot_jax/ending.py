@@ -16,6 +16,12 @@ itself (a read cancelled, unavailable or past its deadline) is taken as a sign t
 that peer's line is read and ended with. Leaving keeps jax.distributed's shutdown barrier, bounded
 in time: process 0 hosts the service, and a peer whose client sees it vanish is terminated by jax
 with its own fatal error, not with the run's line.
+
+A peer can also stop without a word (SIGKILL, the OOM killer, its host lost): its collectives fail
+here at once (Gloo: "connection closed by peer") or never return (a read of the store), and jax's
+own heartbeat check would abort every process 100 s later. So each watcher also counts up its own
+key in the store every poll, and a peer whose count stopped (without its having left) for
+_SILENT_S is gone: the run ends with one line naming it and the fix, relaunching every process.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import NoReturn
 
@@ -43,10 +50,20 @@ _READ_MS = 60_000
 _SETTLE_MS = 2_000
 # How long a process waits for the others to leave the service with it (a wedged one never does).
 _LEAVE_S = 60.0
+# Each process's count of its watcher's polls, and its mark of a normal leaving.
+_ALIVE_KEY = "vitboot_jax/alive/{}"
+_LEFT_KEY = "vitboot_jax/left/{}"
+# How long a peer's count may stand still before it is gone: far above a loaded host's stall of
+# a thread, and, with the leaving, below jax's heartbeat timeout (100 s), whose abort is no line.
+_SILENT_S = 40.0
+# How long leaving waits for the others when a peer is gone (it never comes to the barrier).
+_LOST_LEAVE_S = 10.0
 
 # The status codes of the coordination service's own failures (a peer gone, or this process's
 # leaving): a peer's failure may be what they report.
 _COORDINATION_ERRORS = ("CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED")
+# What a collective with a peer that is gone reports (CPU: Gloo's TCP pairs; GPU: NCCL).
+_LOST_PEER_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Gloo", "NCCL")
 
 
 class _Ending:
@@ -95,6 +112,8 @@ def watching() -> Iterator[None]:
   if not _multi_process():
     yield
     return
+  import jax
+
   client = _client()
   stop = threading.Event()
   thread = threading.Thread(target=_watch, args=(client, stop), name="ending", daemon=True)
@@ -104,10 +123,21 @@ def watching() -> Iterator[None]:
   finally:
     stop.set()
     thread.join()
+    with contextlib.suppress(Exception):  # Left normally: the others do not wait for its count.
+      client.key_value_set(_LEFT_KEY.format(jax.process_index()), "")
 
 
 def _watch(client, stop: threading.Event) -> None:
+  import jax
+
+  me = jax.process_index()
+  peers = _Peers(client, [p for p in range(jax.process_count()) if p != me])
   while not (stop.is_set() or _STATE.begun()):
+    with contextlib.suppress(Exception):  # The service is busy or going: counted next time.
+      client.key_value_increment(_ALIVE_KEY.format(me), 1)
+    gone = peers.gone()
+    if gone and _STATE.begin():
+      _leave(_gone_message(gone), 1, _LOST_LEAVE_S)
     try:
       published = client.blocking_key_value_get(_KEY, _POLL_MS)
     except Exception as error:  # Nothing published yet: the read timed out.
@@ -116,6 +146,47 @@ def _watch(client, stop: threading.Event) -> None:
       continue
     if _STATE.begin():  # Else another thread is ending this process already.
       _leave(*_decode(published))
+
+
+class _Peers:
+  """The other processes' counts as this watcher last saw them change (on its own clock)."""
+
+  def __init__(self, client, peers: list[int]):
+    self._client = client
+    self._seen: dict[int, tuple[str, float]] = {}
+    self._peers = peers
+
+  def gone(self) -> list[int]:
+    """The peers whose count stood still for _SILENT_S and that did not leave normally."""
+    now, gone = time.monotonic(), []
+    for peer in list(self._peers):
+      try:
+        count = self._client.key_value_try_get(_ALIVE_KEY.format(peer))
+      except Exception:  # It has not counted yet, or the service is busy.
+        continue
+      last = self._seen.get(peer)
+      if last is None or last[0] != count:
+        self._seen[peer] = (count, now)
+      elif now - last[1] > _SILENT_S and not self._left(peer):
+        gone.append(peer)
+    return gone
+
+  def _left(self, peer: int) -> bool:
+    try:
+      self._client.key_value_try_get(_LEFT_KEY.format(peer))
+    except Exception:
+      return False
+    self._peers.remove(peer)
+    return True
+
+
+def _gone_message(gone: list[int]) -> str:
+  named = ", ".join(map(str, gone))
+  return (
+    f"Process {named} of this run stopped without a word (no sign of life for {_SILENT_S:.0f} s: "
+    "killed, out of memory, or its host lost), so the run cannot go on. Relaunch every process "
+    "with the same command; the run resumes from its newest complete checkpoint."
+  )
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -136,7 +207,8 @@ def fail_unforeseen(error: Exception) -> NoReturn:
   import jax
 
   _STATE.defer()  # Ending already: the error is its echo (a read its leaving cancelled).
-  published = _published(_READ_MS if is_coordination_error(error) else _SETTLE_MS)
+  # A peer's failure: its line comes, or the watcher finds it gone, within this wait.
+  published = _published(_READ_MS if is_peer_error(error) else _SETTLE_MS)
   if not _STATE.begin():
     _STATE.defer()  # The watcher began the ending while this thread read.
   if published is not None:
@@ -156,12 +228,14 @@ def _publish_and_leave(message: str, code: int) -> NoReturn:
   _leave(*_decode(encoded))
 
 
-def is_coordination_error(error: BaseException) -> bool:
-  """Whether `error` (or an error behind it) is a failure of the coordination service's calls."""
+def is_peer_error(error: BaseException) -> bool:
+  """Whether `error` (or an error behind it) is a failure of the coordination service's calls or
+  of a collective with another process: what a peer's failure or loss looks like here."""
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
-    if str(error).startswith(_COORDINATION_ERRORS):
+    text = str(error)
+    if text.startswith(_COORDINATION_ERRORS) or any(s in text for s in _LOST_PEER_SIGNS):
       return True
     error = error.__cause__ or error.__context__
   return False
@@ -179,7 +253,7 @@ def _published(wait_ms: int) -> str | None:
     return None
 
 
-def _leave(message: str, code: int) -> NoReturn:
+def _leave(message: str, code: int, leave_s: float = _LEAVE_S) -> NoReturn:
   """Prints the line, lets go of the workdir and the distributed service, and exits at once: the
   main thread may be blocked in a collective that will never finish."""
   import jax
@@ -194,7 +268,7 @@ def _leave(message: str, code: int) -> NoReturn:
   workdir_claim.release_held()
   leaving = threading.Thread(target=shutdown, name="ending-shutdown", daemon=True)
   leaving.start()
-  leaving.join(_LEAVE_S)
+  leaving.join(leave_s)
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(code)
