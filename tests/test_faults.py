@@ -413,6 +413,101 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(uninterrupted, image_
     assert got[step] == pytest.approx(want[step], rel=1e-3), step
 
 
+def test_the_ending_begins_once_and_an_error_after_it_is_its_echo(monkeypatch, caplog):
+  """Once one thread began ending the process, a failure any other thread meets (a read its
+  leaving cancelled) waits for the exit: it reads nothing and says nothing."""
+  import threading
+
+  from vitboot_jax import ending
+
+  state = ending._Ending()
+  monkeypatch.setattr(ending, "_STATE", state)
+  monkeypatch.setattr(ending, "_multi_process", lambda: True)
+  reads = []
+  monkeypatch.setattr(ending, "_published", reads.append)
+  assert state.begin() and not state.begin()
+  cancelled = RuntimeError("CANCELLED: GetKeyValueAsync() was cancelled.")
+  for call in (lambda: ending.fail_unforeseen(cancelled), lambda: ending.fail("a line", 1)):
+    thread = threading.Thread(target=call, daemon=True)  # Left waiting, as in a real ending.
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive()
+  assert not reads and not caplog.records
+
+
+def test_errors_of_a_peer_are_told_from_others():
+  from vitboot_jax import ending
+
+  for status in ("CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED"):
+    assert ending.is_peer_error(RuntimeError(f"{status}: the store's read"))
+  try:
+    try:
+      raise RuntimeError("UNAVAILABLE: Failed to send RPC")
+    except RuntimeError as error:
+      raise checkpoint_errors.CheckpointSaveError("Saving step 4 failed") from error
+  except checkpoint_errors.CheckpointSaveError as error:
+    assert ending.is_peer_error(error)
+  gloo = "UNKNOWN: Gloo all-reduce failed: [pair.cc:547] Connection closed by peer [::1]:4567"
+  assert ending.is_peer_error(RuntimeError(gloo))
+  assert not ending.is_peer_error(ValueError("DATA_LOSS: a file cannot be read"))
+
+
+def test_an_exchange_one_process_alone_made_shifts_only_its_own_name(monkeypatch):
+  """Two processes, faked as threads over one store: process 1 makes an exchange process 0
+  never makes (it gives up); their next exchange of another name still pairs."""
+  import collections
+  import threading
+
+  from jax._src import distributed
+
+  from vitboot_jax import sharding
+
+  store, changed, local = {}, threading.Condition(), threading.local()
+
+  class Store:
+    def key_value_set(self, key, value):
+      with changed:
+        store[key] = value
+        changed.notify_all()
+
+    def blocking_key_value_get(self, key, timeout_ms):
+      with changed:
+        if not changed.wait_for(lambda: key in store, timeout_ms / 1000):
+          raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+        return store[key]
+
+  class PerProcess(collections.Counter):  # Each faked process counts its own exchanges.
+    def __getitem__(self, name):
+      return super().__getitem__((local.index, name))
+
+    def __setitem__(self, name, value):
+      super().__setitem__((local.index, name), value)
+
+  monkeypatch.setattr(distributed.global_state, "client", Store())
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: local.index)
+  monkeypatch.setattr(sharding, "_EXCHANGES", PerProcess())
+  got = {}
+
+  def process(index, calls):
+    local.index = index
+    for name, value, timeout_s in calls:
+      try:
+        got[index] = sharding.exchange(name, value, timeout_s=timeout_s)
+      except RuntimeError as error:
+        got[index] = str(error)
+
+  threads = [
+    threading.Thread(target=process, args=(1, [("latest", "1", 0.2), ("verify", "v1", 30)])),
+    threading.Thread(target=process, args=(0, [("verify", "v0", 30)])),
+  ]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert got == {0: ["v0", "v1"], 1: ["v0", "v1"]}
+
+
 def _free_port():
   import socket
 
@@ -421,19 +516,20 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _start_two(workdir, folder, port, *overrides, fault=None):
-  """The two processes of one run; `fault` (tests/one_process_faults.py) hits process 1 alone."""
+def _start_two(workdir, folder, port, *overrides, fault=None, fault0=None):
+  """The two processes of one run; `fault` and `fault0` (tests/one_process_faults.py) hit
+  process 1 and process 0 alone."""
   procs = []
-  for pid in range(2):
+  for pid, faults in enumerate((fault0, fault)):
     variables = env(2)
     cmd = command(workdir, folder, *overrides) + [
       f"--coordinator_address=127.0.0.1:{port}",
       "--num_processes=2",
       f"--process_id={pid}",
     ]
-    if fault and pid == 1:
+    if faults:
       cmd[1:3] = ["-m", "tests.one_process_faults"]
-      variables["VITBOOT_TEST_FAULT"] = fault
+      variables["VITBOOT_TEST_FAULT"] = faults
     procs.append(
       subprocess.Popen(
         cmd, env=variables, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -480,26 +576,39 @@ def saved_run(image_folder, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["unreadable", "restore"])
+@pytest.mark.parametrize(
+  "fault, fault0", [(None, "unreadable"), ("unreadable", None), ("restore", None)]
+)
 def test_a_restore_failing_on_one_process_ends_every_process(
-  saved_run, image_folder, tmp_path, fault
+  saved_run, image_folder, tmp_path, fault, fault0
 ):
-  """A step one process finds damaged is set aside by all (none intact: one line, exit 2); a
-  restore failing on one process on intact files is one line and exit 1 on every process."""
+  """A step process 0 finds damaged is set aside by all (none intact: one line, exit 2); one
+  that only process 1 cannot read is not damage (process 0, which would move it, reads it): one
+  line, exit 1, nothing moved; a restore failing on one process on intact files is one line and
+  exit 1 on every process."""
   import shutil
 
   workdir = tmp_path / "run"
   shutil.copytree(saved_run, workdir)
   root = workdir / "checkpoints"
-  procs = _start_two(workdir, image_folder, _free_port(), "--config.total_steps=8", fault=fault)
+  procs = _start_two(
+    workdir, image_folder, _free_port(), "--config.total_steps=8", fault=fault, fault0=fault0
+  )
   (code, line), logs = _ended_together(procs)
   assert not (workdir / "claim.json").exists()  # Released: a re-run takes nothing over.
-  if fault == "unreadable":
+  if fault0 == "unreadable":
     assert code == 2 and line.startswith(f"error: No checkpoint in {root} is intact"), line
     for step in (8, 4):
       assert f"step {step} (ValueError: DATA_LOSS: injected: a file of step {step}" in line
     assert sorted(n.split("-")[0] for n in os.listdir(root / "damaged")) == ["4", "8"]
     assert logs[0].count(" is damaged (ValueError: DATA_LOSS: injected") == 2  # Moved by 0.
+  elif fault == "unreadable":
+    assert code == 1 and line.startswith(
+      f"Checkpoint {root / '8'} (step 8) cannot be read on "
+      "process 1 (ValueError: DATA_LOSS: injected"
+    ), line
+    assert "but process 0 reads it intact" in line and "Nothing was moved" in line
+    assert sorted(os.listdir(root)) == ["4", "8"]
   else:
     assert code == 1 and line.startswith(f"Checkpoint {root / '8'} is intact"), line
     assert "cannot be restored as requested: ValueError: injected: the arrays of step 8" in line
@@ -507,9 +616,20 @@ def test_a_restore_failing_on_one_process_ends_every_process(
 
 
 @pytest.mark.slow
-def test_a_save_failing_on_one_process_ends_every_process(image_folder, tmp_path):
+@pytest.mark.parametrize(
+  "fault, fault0",
+  [
+    ("save", None),
+    # Process 0 still in the save's agreement when process 1's line comes, and slow to leave:
+    # its main thread meets the cancelled read of its own leaving before it exits.
+    ("save", "slow_agreement,slow_leaving"),
+    # Process 1 fails before the agreement: process 0 is certainly blocked in its read.
+    ("save_before_agreement", "slow_leaving"),
+  ],
+)
+def test_a_save_failing_on_one_process_ends_every_process(image_folder, tmp_path, fault, fault0):
   workdir = tmp_path / "run"
-  procs = _start_two(workdir, image_folder, _free_port(), fault="save")
+  procs = _start_two(workdir, image_folder, _free_port(), fault=fault, fault0=fault0)
   (code, line), _ = _ended_together(procs)
   root = workdir / "checkpoints"
   assert code == 1, line
@@ -517,6 +637,79 @@ def test_a_save_failing_on_one_process_ends_every_process(image_folder, tmp_path
   assert "resumes from the newest complete checkpoint (none yet)" in line
   assert not checkpoint_steps.complete_steps(root)
   assert not (workdir / "claim.json").exists()
+
+
+@pytest.mark.slow
+def test_a_background_save_failing_on_one_process_ends_every_process(image_folder, tmp_path):
+  """Process 1 learns of its failed background save at the next step's should_save; process 0,
+  saving every step, waits for it in that step's agreement until its line comes."""
+  workdir = tmp_path / "run"
+  overrides = ("--config.total_steps=8", "--config.checkpoint_every_steps=1")
+  procs = _start_two(
+    workdir, image_folder, _free_port(), *overrides, fault="background_save", fault0="slow_leaving"
+  )
+  (code, line), _ = _ended_together(procs)
+  root = workdir / "checkpoints"
+  assert code == 1, line
+  assert line.startswith(f"Saving a checkpoint under {root} failed: No space left on device"), line
+  assert not (workdir / "claim.json").exists()
+
+
+@pytest.mark.slow
+def test_the_claim_failing_on_process_0_ends_every_process(image_folder, tmp_path):
+  """Process 1 waits for process 0's verdict on the claim: a full disk is one too."""
+  workdir = tmp_path / "run"
+  procs = _start_two(workdir, image_folder, _free_port(), fault0="claim")
+  (code, line), _ = _ended_together(procs)
+  assert code == 2, line
+  assert line.startswith(f"error: Claiming --workdir={workdir} failed: No space left on device"), (
+    line
+  )
+  assert f"({workdir}/claim.json)" in line and "Free disk space" in line
+  assert not (workdir / "checkpoints").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["in a train step", "in an agreement"])
+def test_a_peer_killed_without_a_word_ends_the_survivor_in_bounded_time(
+  image_folder, tmp_path, where
+):
+  """Process 1 SIGKILLed (as the OOM killer does) while process 0 is in a train step's collective
+  (it fails at once) or in an agreement (its read never returns): process 0 ends with one line
+  naming process 1 and the fix, before jax's own heartbeat check would abort it (100 s)."""
+  workdir = tmp_path / "run"
+  fault = "killed_before_agreement" if where == "in an agreement" else None
+  procs = _start_two(workdir, image_folder, _free_port(), fault=fault)
+  if fault is None:
+    deadline = time.time() + 300
+    while time.time() < deadline and not runs.after_step(6)(None, workdir):
+      assert all(p.poll() is None for p in procs), procs[0].stderr.read()[-3000:]
+      time.sleep(0.01)
+    procs[1].kill()
+  assert procs[1].wait(timeout=300) == -signal.SIGKILL
+  killed = time.time()
+  _, log = procs[0].communicate(timeout=120)
+  waited = time.time() - killed
+  assert procs[0].returncode == 1, log[-3000:]
+  assert "Traceback" not in log, log[-3000:]
+  lines = [x.split("] ", 1)[1] for x in log.splitlines() if _OUR_ERROR.match(x)]
+  assert len(lines) == 1, log[-3000:]
+  assert lines[0].startswith("Process 1 of this run stopped without a word (no sign of life"), lines
+  assert "Relaunch every process with the same command" in lines[0]
+  assert waited < 90, waited  # _SILENT_S, then leaving (10 s), on a loaded host.
+
+
+@pytest.mark.slow
+def test_final_json_failing_on_process_0_ends_every_process(image_folder, tmp_path):
+  """Process 0 alone writes final.json: process 1 waits to learn how that went, and both end
+  with its line, not 1 and 0."""
+  workdir = tmp_path / "run"
+  procs = _start_two(workdir, image_folder, _free_port(), "--config.total_steps=4", fault0="final")
+  (code, line), _ = _ended_together(procs)
+  assert code == 1, line
+  assert line.startswith(f"Writing {workdir / 'final.json'} failed: No space left on device"), line
+  assert "resumes from the newest complete checkpoint (step 4)" in line
+  assert not (workdir / "final.json").exists() and not (workdir / "claim.json").exists()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,3 +69,13 @@ def test_a_runs_checkpoint_gives_bounds_the_loss_surface_respects(uninterrupted)
 
   with pytest.raises(errors.UsageError, match="--model=cnn"):
     hessian.curvature(str(uninterrupted), [last], "cnn", images=4, iterations=2)
+
+
+def test_steps_per_epoch_reads_past_a_torn_last_line(tmp_path, caplog):
+  (tmp_path / "metrics.jsonl").write_text('{"step": 4, "epoch": 0.4}\n{"step": 8, "ep')
+  with caplog.at_level("WARNING"):
+    assert hessian._steps_per_epoch(tmp_path, str(tmp_path)) == 10
+  assert "unfinished last line" in caplog.text
+  (tmp_path / "metrics.jsonl").write_text('{"step": 8, "ep')
+  with pytest.raises(errors.UsageError, match="has no metrics.jsonl with a logged step"):
+    hessian._steps_per_epoch(tmp_path, str(tmp_path))

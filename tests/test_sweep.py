@@ -308,3 +308,19 @@ def test_the_compute_column_counts_flops_with_the_teacher_apart(tmp_path):
   text = sweep_report.table_markdown(report)
   assert "| 0.0789 + 0.1064 teacher PFLOPs; " in text and "| 0.0433 PFLOPs; " in text
   assert sweep_report.plot_compute(report, tmp_path).exists()
+
+
+def test_a_live_runs_torn_last_metrics_line_is_one_warning(tmp_path, caplog):
+  """A table read while a run writes: metrics.jsonl's last line half-written is dropped."""
+  records = [
+    {"step": 5, "epoch": 0.5, "train/hint_grad_ratio": 2.0},
+    {"step": 10, "epoch": 1.0, "train/hint_grad_ratio": 4.0, "eval/top1_vit": 0.25},
+  ]
+  text = "".join(json.dumps(r) + "\n" for r in records) + '{"step": 15, "epoch": 1.'
+  (tmp_path / "metrics.jsonl").write_text(text)
+  with caplog.at_level("WARNING"):
+    assert sweep_report.epoch_means(tmp_path, sweep_report.RATIO) == [3.0]
+    assert sweep_report.evaluations(tmp_path) == [{"epoch": 1.0, "vit": 25.0}]
+  dropped = [r for r in caplog.records if "unfinished last line" in r.getMessage()]
+  assert len(dropped) == 2  # One per read.
+  assert sweep_report.epoch_means(tmp_path / "none", sweep_report.RATIO) == []

@@ -16,8 +16,11 @@ Integrity. Every save records the size and CRC32 of its files (checksums.py), an
 verifies them first. A step that fails verification, or to read back on its own terms, is
 damaged: `restore_latest` moves it to `checkpoints/damaged/` with one warning and falls back to
 the next older step (none intact: `DamagedCheckpointsError`, exit 2); a read-only Checkpointer
-refuses it by name. A changed model or config (`CheckpointMismatchError`) or a bad requested
-sharding (`CheckpointError`) leaves the intact files where they are.
+refuses it by name. Only damage process 0 finds itself moves a step (it is the one that moves
+it): a step that another process alone cannot read (a lagging file-system view, a transient
+error) stops the run with one line, and nothing is moved. A changed model or config
+(`CheckpointMismatchError`) or a bad requested sharding (`CheckpointError`) leaves the intact
+files where they are.
 
 Output. What orbax, tensorstore and asyncio log about a save or restore (hundreds of lines of
 tracebacks for one failure) is held while it is outstanding, dropped when we raise its failure
@@ -219,7 +222,13 @@ class Checkpointer:
     except Exception as error:  # Any failure: classify it and say what to do.
       failure = self._explain_failure(step, abstract_state, error)
       failure.__cause__ = error
-    failure = checkpoint_errors.agreed(f"checkpoint.restore.{step}", failure)
+    failures = checkpoint_errors.each_process(f"checkpoint.restore.{step}", failure)
+    process, failure = next(((p, f) for p, f in enumerate(failures) if f is not None), (0, None))
+    if isinstance(failure, checkpoint_errors.CorruptCheckpointError) and process > 0:
+      # Process 0 moves a damaged step, and it reads this one: one host's say is not damage.
+      failure = checkpoint_errors.unconfirmed_damage_error(
+        self.step_dir(step), process, failure.cause
+      )
     if failure is not None:
       raise failure
     return restored

@@ -158,8 +158,14 @@ _AGREED_TYPES = {
 def agreed(name: str, error: Exception | None) -> Exception | None:
   """The failure of the first process (in process order) that had one at `name`, on every
   process, or None where none had; every process must call it, failed or not."""
+  return next((found for found in each_process(name, error) if found is not None), None)
+
+
+def each_process(name: str, error: Exception | None) -> list[Exception | None]:
+  """Every process's failure at `name` (None: it had none), in process order, on every process
+  (this process's own as it is); every process must call it, failed or not."""
   if jax.process_count() == 1:
-    return error
+    return [error]
   mine = ""
   if error is not None:
     mine = json.dumps(
@@ -170,14 +176,29 @@ def agreed(name: str, error: Exception | None) -> Exception | None:
         "cause": getattr(error, "cause", ""),
       }
     )
-  first = next((value for value in sharding.exchange(name, mine) if value), "")
-  if not first or first == mine:
-    return error
-  found = json.loads(first)
+  # A value equal to this process's own is its own error, as raised (its cause chain kept).
+  values = sharding.exchange(name, mine)
+  return [error if value == mine else _decode(value) if value else None for value in values]
+
+
+def _decode(value: str) -> Exception:
+  found = json.loads(value)
   cls = _AGREED_TYPES.get(found["type"], CheckpointError)
   if issubclass(cls, CorruptCheckpointError):
     return cls(found["message"], step=found["step"], cause=found["cause"])
   return cls(found["message"])
+
+
+def unconfirmed_damage_error(step_dir: epath.Path, process: int, cause: str) -> CheckpointError:
+  """A step that another process cannot read while process 0, which would move it, reads it."""
+  step_dir = epath.Path(step_dir)
+  return CheckpointError(
+    f"Checkpoint {step_dir} (step {step_dir.name}) cannot be read on process {process} ({cause}), "
+    "but process 0 reads it intact (its files pass the checks of its save), so it is not "
+    f"damaged: process {process}'s view of the files may lag behind (a network file system) or "
+    "its read failed for a moment. Nothing was moved. Re-run the same command; if it fails "
+    "again, check that every host sees the same files."
+  )
 
 
 _WRITE_FIX = {

@@ -8,6 +8,20 @@ jax.distributed's key-value store; every process watches that key in a thread (`
 once it is set, prints the same line, leaves the distributed service together with the others and
 exits with the same code, even while its main thread is blocked in a collective. A single-process
 run prints the line and exits as it always did.
+
+The ending is one state of the process, begun once: every thread consults it before it reads the
+store or says anything, and an error raised after it began is its echo (leaving the service
+cancels this process's pending reads), never a second line. An error of the coordination service
+itself (a read cancelled, unavailable or past its deadline) is taken as a sign that a peer failed:
+that peer's line is read and ended with. Leaving keeps jax.distributed's shutdown barrier, bounded
+in time: process 0 hosts the service, and a peer whose client sees it vanish is terminated by jax
+with its own fatal error, not with the run's line.
+
+A peer can also stop without a word (SIGKILL, the OOM killer, its host lost): its collectives fail
+here at once (Gloo: "connection closed by peer") or never return (a read of the store), and jax's
+own heartbeat check would abort every process 100 s later. So each watcher also counts up its own
+key in the store every poll, and a peer whose count stopped (without its having left) for
+_SILENT_S is gone: the run ends with one line naming it and the fix, relaunching every process.
 """
 
 from __future__ import annotations
@@ -17,6 +31,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import NoReturn
 
@@ -35,9 +50,47 @@ _READ_MS = 60_000
 _SETTLE_MS = 2_000
 # How long a process waits for the others to leave the service with it (a wedged one never does).
 _LEAVE_S = 60.0
+# Each process's count of its watcher's polls, and its mark of a normal leaving.
+_ALIVE_KEY = "vitboot_jax/alive/{}"
+_LEFT_KEY = "vitboot_jax/left/{}"
+# How long a peer's count may stand still before it is gone: far above a loaded host's stall of
+# a thread, and, with the leaving, below jax's heartbeat timeout (100 s), whose abort is no line.
+_SILENT_S = 40.0
+# How long leaving waits for the others when a peer is gone (it never comes to the barrier).
+_LOST_LEAVE_S = 10.0
 
-# Held by the one thread that ends this process; any other that wants to end it waits.
-_ENDING = threading.Lock()
+# The status codes of the coordination service's own failures (a peer gone, or this process's
+# leaving): a peer's failure may be what they report.
+_COORDINATION_ERRORS = ("CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED")
+# What a collective with a peer that is gone reports (CPU: Gloo's TCP pairs; GPU: NCCL).
+_LOST_PEER_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Gloo", "NCCL")
+
+
+class _Ending:
+  """Whether this process is being ended; begun once, by the one thread that then ends it."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._begun = threading.Event()
+
+  def begun(self) -> bool:
+    return self._begun.is_set()
+
+  def begin(self) -> bool:
+    """True for the one thread that begins the ending; False once another has."""
+    with self._lock:
+      if self._begun.is_set():
+        return False
+      self._begun.set()
+      return True
+
+  def defer(self) -> None:
+    """Waits, if the ending has begun, for the thread that ends this process to exit it."""
+    if self._begun.is_set():
+      threading.Event().wait()
+
+
+_STATE = _Ending()
 
 
 def _multi_process() -> bool:
@@ -59,6 +112,8 @@ def watching() -> Iterator[None]:
   if not _multi_process():
     yield
     return
+  import jax
+
   client = _client()
   stop = threading.Event()
   thread = threading.Thread(target=_watch, args=(client, stop), name="ending", daemon=True)
@@ -68,17 +123,70 @@ def watching() -> Iterator[None]:
   finally:
     stop.set()
     thread.join()
+    with contextlib.suppress(Exception):  # Left normally: the others do not wait for its count.
+      client.key_value_set(_LEFT_KEY.format(jax.process_index()), "")
 
 
 def _watch(client, stop: threading.Event) -> None:
-  while not (stop.is_set() or _ENDING.locked()):  # Locked: this process is being ended.
+  import jax
+
+  me = jax.process_index()
+  peers = _Peers(client, [p for p in range(jax.process_count()) if p != me])
+  while not (stop.is_set() or _STATE.begun()):
+    with contextlib.suppress(Exception):  # The service is busy or going: counted next time.
+      client.key_value_increment(_ALIVE_KEY.format(me), 1)
+    gone = peers.gone()
+    if gone and _STATE.begin():
+      _leave(_gone_message(gone), 1, _LOST_LEAVE_S)
     try:
       published = client.blocking_key_value_get(_KEY, _POLL_MS)
     except Exception as error:  # Nothing published yet: the read timed out.
       if "DEADLINE_EXCEEDED" not in str(error):
         stop.wait(_POLL_MS / 1000)  # The service is busy or going: look again later.
       continue
-    _end(*_decode(published))
+    if _STATE.begin():  # Else another thread is ending this process already.
+      _leave(*_decode(published))
+
+
+class _Peers:
+  """The other processes' counts as this watcher last saw them change (on its own clock)."""
+
+  def __init__(self, client, peers: list[int]):
+    self._client = client
+    self._seen: dict[int, tuple[str, float]] = {}
+    self._peers = peers
+
+  def gone(self) -> list[int]:
+    """The peers whose count stood still for _SILENT_S and that did not leave normally."""
+    now, gone = time.monotonic(), []
+    for peer in list(self._peers):
+      try:
+        count = self._client.key_value_try_get(_ALIVE_KEY.format(peer))
+      except Exception:  # It has not counted yet, or the service is busy.
+        continue
+      last = self._seen.get(peer)
+      if last is None or last[0] != count:
+        self._seen[peer] = (count, now)
+      elif now - last[1] > _SILENT_S and not self._left(peer):
+        gone.append(peer)
+    return gone
+
+  def _left(self, peer: int) -> bool:
+    try:
+      self._client.key_value_try_get(_LEFT_KEY.format(peer))
+    except Exception:
+      return False
+    self._peers.remove(peer)
+    return True
+
+
+def _gone_message(gone: list[int]) -> str:
+  named = ", ".join(map(str, gone))
+  return (
+    f"Process {named} of this run stopped without a word (no sign of life for {_SILENT_S:.0f} s: "
+    "killed, out of memory, or its host lost), so the run cannot go on. Relaunch every process "
+    "with the same command; the run resumes from its newest complete checkpoint."
+  )
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -87,18 +195,9 @@ def fail(message: str, code: int) -> NoReturn:
   if not _multi_process():
     _say(message, code)
     sys.exit(code)
-  if not _ENDING.acquire(blocking=False):
-    threading.Event().wait()  # The watcher is ending this process with the published line.
-  encoded = json.dumps({"message": message, "code": code})
-  client = _client()
-  try:
-    client.key_value_set(_KEY, encoded)  # Refused once another process published first.
-  except Exception:
-    try:
-      encoded = client.blocking_key_value_get(_KEY, _READ_MS)
-    except Exception:  # The service is gone: this process's own line is all there is.
-      pass
-  _leave(*_decode(encoded))
+  if not _STATE.begin():
+    _STATE.defer()  # Ending already: this failure is its echo.
+  _publish_and_leave(message, code)
 
 
 def fail_unforeseen(error: Exception) -> NoReturn:
@@ -107,24 +206,54 @@ def fail_unforeseen(error: Exception) -> NoReturn:
   line, its traceback logged."""
   import jax
 
-  try:
-    published = _client().blocking_key_value_get(_KEY, _SETTLE_MS)
-  except Exception:  # Nothing published (the read timed out), or the service is gone.
-    published = None
+  _STATE.defer()  # Ending already: the error is its echo (a read its leaving cancelled).
+  # A peer's failure: its line comes, or the watcher finds it gone, within this wait.
+  published = _published(_READ_MS if is_peer_error(error) else _SETTLE_MS)
+  if not _STATE.begin():
+    _STATE.defer()  # The watcher began the ending while this thread read.
   if published is not None:
-    if not _ENDING.acquire(blocking=False):
-      threading.Event().wait()  # The watcher is ending this process with the published line.
     _leave(*_decode(published))
   logging.error("Process %d failed:", jax.process_index(), exc_info=error)
-  fail(f"Process {jax.process_index()} failed: {errors.first_line(error)}", 1)
+  _publish_and_leave(f"Process {jax.process_index()} failed: {errors.first_line(error)}", 1)
 
 
-def _end(message: str, code: int) -> None:
-  if _ENDING.acquire(blocking=False):  # Else the main thread is ending this process already.
-    _leave(message, code)
+def _publish_and_leave(message: str, code: int) -> NoReturn:
+  """Publishes this failure, unless another process's came first, and leaves with the first."""
+  encoded = json.dumps({"message": message, "code": code})
+  try:
+    _client().key_value_set(_KEY, encoded)  # Refused once another process published first.
+  except Exception:
+    published = _published(_READ_MS)
+    encoded = published if published is not None else encoded  # Else the service is gone.
+  _leave(*_decode(encoded))
 
 
-def _leave(message: str, code: int) -> NoReturn:
+def is_peer_error(error: BaseException) -> bool:
+  """Whether `error` (or an error behind it) is a failure of the coordination service's calls or
+  of a collective with another process: what a peer's failure or loss looks like here."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    text = str(error)
+    if text.startswith(_COORDINATION_ERRORS) or any(s in text for s in _LOST_PEER_SIGNS):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _published(wait_ms: int) -> str | None:
+  """The first failure's line as published, waiting up to `wait_ms`; None if none came (or the
+  service is gone)."""
+  client = _client()
+  if client is None:  # This process has left the service.
+    return None
+  try:
+    return client.blocking_key_value_get(_KEY, wait_ms)
+  except Exception:  # Nothing published (the read timed out), or the service is gone.
+    return None
+
+
+def _leave(message: str, code: int, leave_s: float = _LEAVE_S) -> NoReturn:
   """Prints the line, lets go of the workdir and the distributed service, and exits at once: the
   main thread may be blocked in a collective that will never finish."""
   import jax
@@ -139,7 +268,7 @@ def _leave(message: str, code: int) -> NoReturn:
   workdir_claim.release_held()
   leaving = threading.Thread(target=shutdown, name="ending-shutdown", daemon=True)
   leaving.start()
-  leaving.join(_LEAVE_S)
+  leaving.join(leave_s)
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(code)

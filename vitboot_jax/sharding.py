@@ -7,7 +7,7 @@ all-reduce and the global-batch BatchNorm statistics come out of plain `jnp.mean
 
 from __future__ import annotations
 
-import itertools
+import collections
 from typing import Any
 
 import jax
@@ -51,7 +51,9 @@ def global_batches(
   }
 
 
-_EXCHANGES = itertools.count()
+# How many exchanges of each name this process made: an exchange pairs with the others' of its
+# name and number, so a call one process alone made shifts that name's pairing only.
+_EXCHANGES: collections.Counter[str] = collections.Counter()
 
 
 def exchange(name: str, value: str, timeout_s: float = 600.0) -> list[str]:
@@ -60,15 +62,22 @@ def exchange(name: str, value: str, timeout_s: float = 600.0) -> list[str]:
   Through jax.distributed's key-value store, not a collective: processes may arrive minutes apart
   (imports, data checks, a loaded host), longer than a CPU collective's set-up (Gloo: 30 s)
   waits, and a process that gives up raises after `timeout_s` instead of waiting for ever. Every
-  process must call the same exchanges in the same order (the keys are numbered).
+  process must make the same exchanges of each name in the same order (the keys are numbered per
+  name, so exchanges of different names never pair).
   """
   if jax.process_count() == 1:
     return [value]
   from jax._src import distributed  # The store jax.distributed started (orbax uses it too).
 
   client = distributed.global_state.client
-  prefix = f"vitboot_jax/exchange/{name}/{next(_EXCHANGES)}"
+  prefix = f"vitboot_jax/exchange/{name}/{_EXCHANGES[name]}"
+  _EXCHANGES[name] += 1
   client.key_value_set(f"{prefix}/{jax.process_index()}", value)
+  return _collect(client, prefix, timeout_s)
+
+
+def _collect(client, prefix: str, timeout_s: float) -> list[str]:
+  """Every process's value under `prefix`, waiting up to `timeout_s` for each."""
   return [
     client.blocking_key_value_get(f"{prefix}/{process}", int(timeout_s * 1000))
     for process in range(jax.process_count())

@@ -3,11 +3,18 @@
 `main` calls `check` before TensorFlow and JAX load, so a user's mistake is one line within
 seconds; a library caller of `train.train_and_evaluate` gets the same checks from it. Nothing is
 written before they pass.
+
+A fresh run's sources (`config.init_from`, `config.agent_init_from` alias `teacher=`) are checked
+here too, from the files alone: a path that does not exist, or a run of ours without the model it
+is to give, is refused. A run that stopped before its end, or a teacher trained with another agent
+recipe or on other data, is read as asked (a study may want either), with one warning naming its
+step or what differs; `source_warnings` are recorded in the student's config.json.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from typing import Any
 
 import ml_collections
@@ -45,6 +52,9 @@ def check(
       progress.final_line(final),
     )
     return final
+  if not workdirs.has_checkpoint(workdir):  # A resume reads none of its sources again.
+    for warning in source_warnings(config):
+      logging.warning("%s", warning)
   if splits.uses_tensorflow(config):
     _check_tensorflow_installed(config)
   prepare.ensure(config, may_download=single_process)
@@ -67,3 +77,135 @@ def _check_tensorflow_installed(config: ml_collections.ConfigDict) -> None:
       "pip install -e '.[tfdata]', or train from an image folder or .npz files with "
       "--config.data.pipeline=device"
     )
+
+
+# Where a run of ours is asked for a model; the flags' names as the user gives them.
+_SOURCES = {
+  "init_from": ("config.init_from", "ViT", ("vit", "joint", "shared")),
+  "agent_init_from": ("teacher= (config.agent_init_from)", "agent", ("agent", "joint")),
+}
+# What makes a teacher's agent the one this config trains (models/build.py builds the agent from
+# `agent` and these `model` fields) and what it learnt from.
+AGENT_RECIPE = (
+  "agent",
+  *(f"model.{name}" for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size")),
+  "image_size",
+  "data.name",
+  "data.num_classes",
+)
+_WEIGHT_SUFFIXES = (".safetensors", ".npz", ".pth", ".pt", ".bin")
+
+
+def source_warnings(config: ml_collections.ConfigDict) -> list[str]:
+  """Checks the runs and files a fresh run of `config` starts from; returns one warning for each
+  source that is read but is not what its name suggests (an unfinished run, another recipe).
+
+  Raises:
+    errors.ConfigError: a source that does not exist or cannot give its model, with the fix.
+  """
+  warnings = []
+  for field, (flag, model, modes) in _SOURCES.items():
+    path = config.get(field, "")
+    if path:
+      warnings += _check_source(config, flag, epath.Path(path), model, modes)
+  return warnings
+
+
+def _check_source(
+  config: ml_collections.ConfigDict, flag: str, path: epath.Path, model: str, modes: tuple
+) -> list[str]:
+  run = f"the workdir of a run of mode {', '.join(modes[:-1])} or {modes[-1]}"
+  give = f"give a .safetensors/.npz/.pth file or {run}" if model == "ViT" else f"give {run}"
+  if not path.exists():
+    raise errors.ConfigError(f"{flag}={path}: no such file or directory; {give}")
+  if not path.is_dir():
+    if model == "ViT" and path.suffix.lower() in _WEIGHT_SUFFIXES:
+      return []  # A weights file: read as it is.
+    raise errors.ConfigError(f"{flag}={path} is a file, not a workdir of ours; {give}")
+  root, step = _run_and_step(path)
+  if step is None:
+    raise errors.ConfigError(
+      f"{flag}={path} holds no complete checkpoint ({workdirs.CHECKPOINT_SUBDIR}/<step>/"
+      f"{workdirs.COMMIT_MARKER}); {give} that saved one"
+    )
+  saved = _read_json(root / workdirs.CONFIG_FILE)
+  if saved is not None and saved.get("mode") not in modes:
+    raise errors.ConfigError(
+      f"{flag}={path} is a run of mode {saved.get('mode')!r}, which has no {model}; {give}"
+    )
+  warnings = []
+  final = _read_json(root / workdirs.FINAL_FILE)
+  last = final.get("step") if final else _planned_steps(saved, root)
+  if final is None or step != last:
+    of = f" of {last}" if last else ""
+    why = "it never finished (no final.json)" if final is None else "not its final step"
+    warnings.append(
+      f"{flag}={path} is read at step {step}{of}: {why}, so the {model} starts from a part-"
+      "trained run; give a finished run to start from the whole of it"
+    )
+  if model == "agent" and saved is not None:
+    differs = _recipe_changes(saved, json.loads(config.to_json_best_effort()))
+    if differs:
+      warnings.append(
+        f"{flag}={path} (step {step}) is a run of another recipe: {', '.join(differs)} (the "
+        "teacher's -> this config's); its agent has the shapes this config's needs, so it is "
+        "read as it is; give a run of this config with mode=agent for a teacher of this recipe"
+      )
+  return warnings
+
+
+def _run_and_step(path: epath.Path) -> tuple[epath.Path, int | None]:
+  """The run directory behind `path` (a workdir, its checkpoints/ or one step) and the step a
+  start reads from it (None: no complete one)."""
+  if (path / workdirs.COMMIT_MARKER).exists() and path.name.isdigit():
+    return path.parent.parent, int(path.name)
+  if path.name == workdirs.CHECKPOINT_SUBDIR and not (path / workdirs.CHECKPOINT_SUBDIR).is_dir():
+    path = path.parent
+  steps = []
+  directory = path / workdirs.CHECKPOINT_SUBDIR
+  if directory.is_dir():
+    steps = [
+      int(e.name)
+      for e in directory.iterdir()
+      if e.name.isdigit() and (e / workdirs.COMMIT_MARKER).exists()
+    ]
+  return path, max(steps) if steps else None
+
+
+def _planned_steps(saved: dict[str, Any] | None, root: epath.Path) -> int | None:
+  """The steps a run was to train (from its config.json and data.json), or None if unknown."""
+  data = _read_json(root / workdirs.DATA_FILE)
+  if saved is None or data is None or "steps_per_epoch" not in data:
+    return None
+  try:
+    return configlib.total_steps(ml_collections.ConfigDict(saved), int(data["steps_per_epoch"]))
+  except (AttributeError, KeyError, TypeError, ValueError):
+    return None
+
+
+def _recipe_changes(teacher: dict[str, Any], student: dict[str, Any]) -> list[str]:
+  """`field: teacher's -> this config's` for each AGENT_RECIPE field that differs."""
+
+  def leaves(tree: Any, prefix: str) -> dict[str, Any]:
+    if not isinstance(tree, dict):
+      return {prefix: tree}
+    return {k: v for key, sub in tree.items() for k, v in leaves(sub, f"{prefix}.{key}").items()}
+
+  changes = []
+  for field in AGENT_RECIPE:
+    old, new = teacher, student
+    for key in field.split("."):
+      old = old.get(key) if isinstance(old, dict) else None
+      new = new.get(key) if isinstance(new, dict) else None
+    old_leaves, new_leaves = leaves(old, field), leaves(new, field)
+    for name in sorted(set(old_leaves) | set(new_leaves)):
+      if old_leaves.get(name) != new_leaves.get(name):
+        changes.append(f"{name}: {old_leaves.get(name)!r} -> {new_leaves.get(name)!r}")
+  return changes
+
+
+def _read_json(path: epath.Path) -> dict[str, Any] | None:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None

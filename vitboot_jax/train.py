@@ -26,6 +26,7 @@ from etils import epath
 
 from vitboot_jax import (
   checkpoint,
+  checkpoint_errors,
   configlib,
   evaluate,
   metrics,
@@ -271,6 +272,12 @@ def train_and_evaluate(
   if jax.process_index() == 0:
     recorded = json.loads(config.to_json_best_effort())
     recorded["steps_per_call"] = steps_per_call
+    if restored is None:  # What a resume started from stays as its fresh start recorded it.
+      sources = startup.source_warnings(config)
+    else:
+      sources = workdirs.saved_config(workdir).get(workdirs.SOURCE_WARNINGS, [])
+    if sources:
+      recorded[workdirs.SOURCE_WARNINGS] = sources
     metrics.write_json(workdir / workdirs.CONFIG_FILE, recorded)
     metrics.write_json(workdir / workdirs.DATA_FILE, data_record)
     # Which code and libraries ran each part of the run, so a result can name its own commit.
@@ -347,8 +354,17 @@ def train_and_evaluate(
       "code": run_code,  # This launch's (launches.jsonl holds every launch's).
       **{k.replace("eval/", ""): v for k, v in eval_metrics.items()},
     }
-    if jax.process_index() == 0:
-      metrics.write_json(workdir / workdirs.FINAL_FILE, final)
+  failure = None
+  if jax.process_index() == 0:
+    try:
+      with _writes_named(workdir, ckpt):
+        metrics.write_json(workdir / workdirs.FINAL_FILE, final)
+    except WriteError as error:
+      failure = error
+  # Process 0 alone writes final.json: every process learns how that went before any leaves.
+  failure = checkpoint_errors.agreed("train.final", failure)
+  if failure is not None:
+    raise failure
   writer.close()
   ckpt.close()
   claim.release()

@@ -367,12 +367,25 @@ def acquire_for_run(workdir: epath.PathLike) -> Claim | _OtherProcess:
     except WorkdirBusyError as error:
       client.key_value_set(key, str(error))
       raise
+    except OSError as error:  # The others wait for a verdict: a full disk is one, too.
+      failure = unwritable_error(workdir, error)
+      client.key_value_set(key, str(failure))
+      raise failure from error
     client.key_value_set(key, "")
     return claim
   verdict = client.blocking_key_value_get(key, int(VERDICT_TIMEOUT_SECONDS * 1000))
   if verdict:
     raise WorkdirBusyError(verdict)
   return _OtherProcess()
+
+
+def unwritable_error(workdir: epath.PathLike, error: OSError) -> errors.WorkdirError:
+  """A claim that could not be written (a full disk, lost permissions), in one line."""
+  where = f" ({error.filename})" if error.filename else ""
+  return errors.WorkdirError(
+    f"Claiming --workdir={workdir} failed: {error.strerror or error}{where}. Free disk space or "
+    "make the workdir writable, then re-run the same command."
+  )
 
 
 # How long processes other than 0 wait for process 0 to reach the claim.

@@ -46,8 +46,11 @@ VOLATILE_FIELDS = frozenset(
     "eval_every_steps",
     "eval_every_epochs",
     "steps_per_call",  # Speed only; also absent from the config.json of older runs.
+    "source_warnings",  # A record of what a fresh run started from, not a switch.
   }
 )
+# config.json's record of startup.source_warnings: what a fresh run's sources were.
+SOURCE_WARNINGS = "source_warnings"
 
 
 def has_checkpoint(workdir: epath.PathLike) -> bool:
@@ -56,6 +59,14 @@ def has_checkpoint(workdir: epath.PathLike) -> bool:
   if not directory.is_dir():
     return False
   return any(e.name.isdigit() and (e / COMMIT_MARKER).exists() for e in directory.iterdir())
+
+
+def saved_config(workdir: epath.PathLike) -> dict[str, Any]:
+  """config.json of `workdir` as saved ({} where there is none or it cannot be read)."""
+  try:
+    return json.loads((epath.Path(workdir) / CONFIG_FILE).read_text())
+  except (OSError, ValueError):
+    return {}
 
 
 def read_config(workdir: epath.PathLike) -> ml_collections.ConfigDict:

@@ -32,6 +32,7 @@ from vitboot_jax import (
   cli,
   configlib,
   errors,
+  files,
   metrics,
   optim,
   quiet,
@@ -68,12 +69,9 @@ def lanczos_extremes(
 def _steps_per_epoch(root, workdir: str) -> int:
   """The run's steps per epoch, from its metrics.jsonl (each record has its step and epoch): the
   learning rate at a step depends on it, and the data need not be opened to know it."""
-  path = root / metrics.METRICS_FILE
-  if path.exists():
-    for line in path.read_text().splitlines():
-      record = json.loads(line)
-      if record.get("epoch", 0) > 0 and record.get("step", 0) > 0:
-        return round(record["step"] / record["epoch"])
+  for record in files.read_jsonl(root / metrics.METRICS_FILE):
+    if record.get("epoch", 0) > 0 and record.get("step", 0) > 0:
+      return round(record["step"] / record["epoch"])
   raise errors.UsageError(f"--workdir={workdir} has no {metrics.METRICS_FILE} with a logged step")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from etils import epath
 
-from vitboot_jax import paper_results, progress, provenance
+from vitboot_jax import files, paper_results, progress, provenance
 from vitboot_jax.tools.sweep_runs import Settings, absolute, command, row_config, workdir
 from vitboot_jax.tools.sweep_tables import MODEL_LABELS, Table, paper_top1, runs, teacher_run
 
@@ -58,12 +58,8 @@ def epoch_means(workdir: epath.Path, key: str, times: str | None = None) -> list
   """The mean of `key` (times `times` of the same step, where given) over the logged steps of each
   epoch (1-based: steps of epoch e have e - 1 < step / steps_per_epoch <= e); [] where the run
   never logged them."""
-  path = workdir / "metrics.jsonl"
-  if not path.exists():
-    return []
   sums: dict[int, list[float]] = {}
-  for line in path.read_text().splitlines():
-    record = json.loads(line)
+  for record in files.read_jsonl(workdir / "metrics.jsonl"):  # A live run's last line may be torn.
     if key in record and "epoch" in record and (times is None or times in record):
       value = float(record[key]) * (1.0 if times is None else float(record[times]))
       sums.setdefault(math.ceil(record["epoch"] - 1e-9), []).append(value)
@@ -72,12 +68,8 @@ def epoch_means(workdir: epath.Path, key: str, times: str | None = None) -> list
 
 def evaluations(workdir: epath.Path) -> list[dict[str, float]]:
   """Every evaluation of a run: its epoch and each model's top-1 (%), in order."""
-  path = workdir / "metrics.jsonl"
-  if not path.exists():
-    return []
   out = []
-  for line in path.read_text().splitlines():
-    record = json.loads(line)
+  for record in files.read_jsonl(workdir / "metrics.jsonl"):
     top1 = {
       k.removeprefix("eval/top1_"): v for k, v in record.items() if k.startswith("eval/top1_")
     }
