@@ -207,6 +207,9 @@ def test_a_finished_teacher_of_this_recipe_and_a_weights_file_start_silently(tmp
   for path in (teacher, teacher / "checkpoints", teacher / "checkpoints" / "30"):
     config = _student(agent_init_from=str(path), init_from=str(weights))
     assert startup.source_warnings(config) == []
+  # recipe=deit's teacher trained with drop path; its frozen student runs it without.
+  deit = _run_dir(tmp_path / "deit", "agent", 30, **{"agent.drop_path": 0.1})
+  assert startup.source_warnings(_student(agent_init_from=str(deit))) == []
 
 
 def test_an_unfinished_teacher_and_one_of_another_recipe_are_read_with_a_warning(tmp_path):

@@ -93,6 +93,8 @@ AGENT_RECIPE = (
   "data.name",
   "data.num_classes",
 )
+# How a student runs its frozen teacher, not what the teacher is: recipe=deit turns it off there.
+_NOT_RECIPE = ("agent.drop_path",)
 _WEIGHT_SUFFIXES = (".safetensors", ".npz", ".pth", ".pt", ".bin")
 
 
@@ -199,7 +201,7 @@ def _recipe_changes(teacher: dict[str, Any], student: dict[str, Any]) -> list[st
       new = new.get(key) if isinstance(new, dict) else None
     old_leaves, new_leaves = leaves(old, field), leaves(new, field)
     for name in sorted(set(old_leaves) | set(new_leaves)):
-      if old_leaves.get(name) != new_leaves.get(name):
+      if name not in _NOT_RECIPE and old_leaves.get(name) != new_leaves.get(name):
         changes.append(f"{name}: {old_leaves.get(name)!r} -> {new_leaves.get(name)!r}")
   return changes
 
