@@ -89,14 +89,20 @@ def test_rows_are_the_papers_vits_configs_on_the_device_pipeline(tmp_path):
       assert config.align == ("none" if row == "shared_noalign" else "pcgrad")
 
 
-def test_another_tables_rows_run_the_same_way_and_must_be_named(tmp_path):
-  # Queue item 5: the mechanism rows at 16x16 tokens, side by side on the device pipeline.
+def _blank_npz(tmp_path):
+  """NPZ_DIR with 20 blank train and test images: what the dry launches read."""
   npz_dir = tmp_path / "npz"
   npz_dir.mkdir()
   for split in ("train", "test"):
     read_npz.write_npz(
       str(npz_dir / f"{split}.npz"), np.zeros((20, 32, 32, 3), np.uint8), np.arange(20) % 10
     )
+  return npz_dir
+
+
+def test_another_tables_rows_run_the_same_way_and_must_be_named(tmp_path):
+  # Queue item 5: the mechanism rows at 16x16 tokens, side by side on the device pipeline.
+  npz_dir = _blank_npz(tmp_path)
   refused = _launch(tmp_path / "root", 10, npz_dir, TABLE="mechanism_tokens16")
   assert refused.returncode == 2 and "needs ROWS" in refused.stderr
   proc = _launch(tmp_path / "root", 10, npz_dir, TABLE="mechanism_tokens16", ROWS="agent", DRY="1")
@@ -116,12 +122,7 @@ def test_another_tables_rows_run_the_same_way_and_must_be_named(tmp_path):
 
 def test_the_helps_rows_run_at_224_px_with_their_teacher(tmp_path):
   # Issue 65's queue item 2: the "Can the agent help?" rows on the paper's ViT-S and Agent-S.
-  npz_dir = tmp_path / "npz"
-  npz_dir.mkdir()
-  for split in ("train", "test"):
-    read_npz.write_npz(
-      str(npz_dir / f"{split}.npz"), np.zeros((20, 32, 32, 3), np.uint8), np.arange(20) % 10
-    )
+  npz_dir = _blank_npz(tmp_path)
   proc = _launch(tmp_path / "root", 40, npz_dir, TABLE="helps_224", ROWS="agent", DRY="1")
   assert proc.returncode == 0, proc.stderr[-2000:]
   commands = [shlex.split(c) for c in proc.stdout.splitlines() if c.startswith("python -m")]
@@ -186,12 +187,7 @@ def test_device_pack_sends_back_summaries_and_one_archive_without_checkpoints(tm
 
 def test_the_recipe_rows_run_at_224_px_with_their_recipe_teacher(tmp_path):
   # Issue 76's queue item 4: DeiT's recipe on the paper's ViT-S and Agent-S, the agent first.
-  npz_dir = tmp_path / "npz"
-  npz_dir.mkdir()
-  for split in ("train", "test"):
-    read_npz.write_npz(
-      str(npz_dir / f"{split}.npz"), np.zeros((20, 32, 32, 3), np.uint8), np.arange(20) % 10
-    )
+  npz_dir = _blank_npz(tmp_path)
   proc = _launch(
     tmp_path / "root", 40, npz_dir, TABLE="well_trained_224", ROWS="agent_deit", DRY="1"
   )

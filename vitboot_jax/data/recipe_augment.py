@@ -157,22 +157,6 @@ def targets(labels: jax.Array, num_classes: int, smoothing: float) -> jax.Array:
   return optax.smooth_labels(one_hot, smoothing) if smoothing else one_hot
 
 
-def _to_pixels(config: ml_collections.ConfigDict) -> Callable[[jax.Array], jax.Array]:
-  """images as the steps receive them -> float32 [B, S, S, 3] on the 0-255 scale, integer-valued
-  (RandAugment works on uint8 levels, as PIL does): uint8 crops resized as the steps' `prepare`
-  resizes them, host-finished floats un-normalised."""
-  mean, std = (
-    jnp.asarray(v, jnp.float32) for v in configlib.NORMALISATION[config.data.normalisation]
-  )
-  prepare = step_preprocess.make_prepare(config)
-
-  def to_pixels(images: jax.Array) -> jax.Array:
-    x = prepare(images) * std + mean  # prepare's output is normalised whatever came in.
-    return jnp.clip(jnp.round(x * 255.0), 0.0, 255.0)
-
-  return to_pixels
-
-
 def make_batch_fn(config: ml_collections.ConfigDict) -> Callable[[Batch, jax.Array], Batch]:
   """`batch_fn(batch, key) -> batch`: the model input of every model of the step. With the
   recipe off it is `prepare` alone (the official step, bit for bit); with it on, the images go
@@ -181,16 +165,18 @@ def make_batch_fn(config: ml_collections.ConfigDict) -> Callable[[Batch, jax.Arr
   prepare = step_preprocess.make_prepare(config)
   if not enabled(config):
     return lambda batch, key: {**batch, "image": prepare(batch["image"])}
-  mean, std = (
-    jnp.asarray(v, jnp.float32) for v in configlib.NORMALISATION[config.data.normalisation]
-  )
+  mean_values, std_values = configlib.NORMALISATION[config.data.normalisation]
+  mean, std = jnp.asarray(mean_values, jnp.float32), jnp.asarray(std_values, jnp.float32)
   spec = config.data.get("randaugment", "")
   policy = randaugment_policy.parse_policy(spec) if spec else None
-  fill = tuple(
-    min(255.0, round(255.0 * m)) for m in configlib.NORMALISATION[config.data.normalisation][0]
-  )  # timm's img_mean: the dataset mean, 0-255.
+  fill = tuple(min(255.0, round(255.0 * m)) for m in mean_values)  # timm's img_mean, 0-255.
   erase_prob = float(config.data.get("random_erase", 0.0))
-  to_pixels = _to_pixels(config)
+
+  def to_pixels(images: jax.Array) -> jax.Array:
+    """The 0-255, integer-valued images RandAugment works on (uint8 levels, as PIL): prepare's
+    normalised output, whatever the pipeline shipped, un-normalised and rounded."""
+    return jnp.clip(jnp.round((prepare(images) * std + mean) * 255.0), 0.0, 255.0)
+
   augment_one = jax.vmap(lambda image, key: randaugment.randaugment(image, key, policy, fill))
   erase_one = jax.vmap(lambda image, key: random_erase(image, key, erase_prob))
 
