@@ -3,7 +3,7 @@
 # without Align, DrLoc, impulse/mimetic init, shared + DrLoc, Table 4's joint rows) on 10% of
 # CIFAR-10 at 32 px, equal epochs and flags, every seed; then ROOT/table.md, ROOT/table.json and
 # ROOT/curves.png.
-#   bash launch/cpu_replication.sh [ROOT] [EPOCHS] [SEEDS] [flags of tools/sweep.py ...]
+#   bash launch/cpu_replication.sh [ROOT] [EPOCHS] [SEEDS] [flags of tools/sweep/__main__.py ...]
 #   bash launch/cpu_replication.sh workdirs/cpu_replication 10 0,1 --data_dir=/data/cifar10
 #   bash launch/cpu_replication.sh ROOT 10 0,1 --config=configs/cifar10_tokens16.py  # 16x16 tokens
 # --config=configs/quickstart.py (the default) or configs/cifar10_tokens16.py picks the sweep's

@@ -2,7 +2,7 @@
 # The third rung of the replication ladder: the paper's ViT-S and Agent-S rows at 224 px with the
 # official recipe (configs/vits_cifar10.py unchanged but for the data and the epochs) on 10% of
 # CIFAR-10, every row side by side on one accelerator, through the product's own `main`.
-#   bash launch/rung3_224.sh ROOT EPOCHS NPZ_DIR [flags of tools/sweep.py ...]
+#   bash launch/rung3_224.sh ROOT EPOCHS NPZ_DIR [flags of tools/sweep/__main__.py ...]
 #   bash launch/rung3_224.sh workdirs/rung3_224 240 data/cifar10_10pct
 # NPZ_DIR holds train.npz (the official 10% subset: 5,000 images, in the subset's order) and
 # test.npz (all 10,000), packed once where the images are:
@@ -10,7 +10,7 @@
 #     --npz_dir=NPZ_DIR --train_fraction=0.1
 # so each run trains on all of train.npz (data.train_fraction=1.0 on the packed subset: the same
 # images in the same order as train_fraction=0.1 on the full split) with the dataset on the devices
-# (data.pipeline=device: no TensorFlow needed). Rows (tools/sweep.py, table replication_224): ViT
+# (data.pipeline=device: no TensorFlow needed). Rows (tools/sweep/__main__.py, table replication_224): ViT
 # alone, Agent alone, joint, shared with Align and shared as the authors' code (align=none), one
 # process each (one per row, sharing the accelerator), seed(s) SEEDS (default 0). Evaluations of
 # the whole test split at every 10% of training when EPOCHS is a multiple of 10 (else every
@@ -19,7 +19,7 @@
 # every row's checkpoint and metrics back; re-running the same command resumes every row. SIGTERM
 # or Ctrl-C to this script reaches every row (each saves and exits). Then ROOT/table.md,
 # ROOT/table.json and ROOT/curves.png; logs in ROOT/<row>.log. Then, for the newest checkpoints of
-# every row with a ViT, tools/representations (how alike the ViT's tokens are, and the hint's loss
+# every row with a ViT, tools/study/representations (how alike the ViT's tokens are, and the hint's loss
 # beside its floor) into ROOT/representations.log, its last line JSON, within REPR_S seconds.
 # TABLE=mechanism_tokens16 runs that table's rows the same way (issue 53's queue, item 5: the
 # mechanism study at 16x16 tokens; its teacher rows read the agent row's run, so run ROWS="agent"
@@ -111,7 +111,7 @@ for row in joint "${rows[@]}"; do  # This call's rows with a ViT, joint first.
 done
 if ((repr_s > 0 && ${#runs[@]} > 0)); then
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout -s TERM "$repr_s" python -m \
-    vitboot_jax.tools.representations "${runs[@]}" --steps=last \
+    vitboot_jax.tools.study.representations "${runs[@]}" --steps=last \
     "--images=${REPR_IMAGES:-256}" >"$root/representations.log" 2>&1 ||
     echo "representations: exit $? (ROOT/representations.log)" | tee -a "$root/rows.txt"
   grep -v '^\[' "$root/representations.log" | grep 'top-1\|hint loss' || true

@@ -38,7 +38,9 @@ def _inject(fault: str) -> None:
   import jax
   import orbax.checkpoint as ocp
 
-  from vitboot_jax import checkpoint, checkpoint_errors, metrics, sharding, workdir_claim, workdirs
+  from vitboot_jax import sharding
+  from vitboot_jax.checkpoint import checkpointer, failures
+  from vitboot_jax.run import metrics, workdir_claim, workdir_rules
 
   def failing_read(self, step, target):
     sharded = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(target))
@@ -59,10 +61,10 @@ def _inject(fault: str) -> None:
       return False
     what = f"Saving step {step} under {self.directory}"
     message = self.write_failure(what, full_disk(self.directory, step))
-    raise checkpoint_errors.CheckpointSaveError(message)
+    raise failures.CheckpointSaveError(message)
 
   def slow_collect(client, prefix, timeout_s):
-    if "/checkpoint.save." in prefix:
+    if "/checkpointer.save." in prefix:
       time.sleep(SLOW_S)
     return collect(client, prefix, timeout_s)
 
@@ -71,14 +73,14 @@ def _inject(fault: str) -> None:
     time.sleep(3 * SLOW_S)  # Outlasts the agreement's delay, whenever the ending began.
 
   if fault in ("unreadable", "restore"):
-    read = checkpoint.Checkpointer._read
-    checkpoint.Checkpointer._read = failing_read
+    read = checkpointer.Checkpointer._read
+    checkpointer.Checkpointer._read = failing_read
   elif fault == "save":
     ocp.CheckpointManager.save = failing_save
   elif fault == "save_before_agreement":
-    checkpoint.Checkpointer.save = failing_before_agreement
+    checkpointer.Checkpointer.save = failing_before_agreement
   elif fault == "background_save":
-    save, should_save = checkpoint.Checkpointer.save, checkpoint.Checkpointer.should_save
+    save, should_save = checkpointer.Checkpointer.save, checkpointer.Checkpointer.should_save
 
     def saving_into_a_full_disk(self, step, state, *, force=False):
       saved = save(self, step, state, force=force)
@@ -89,12 +91,12 @@ def _inject(fault: str) -> None:
       if self.failed_in_background:
         what = f"Saving a checkpoint under {self.directory}"
         error = full_disk(self.directory, self.failed_in_background)
-        raise checkpoint_errors.CheckpointSaveError(self.write_failure(what, error))
+        raise failures.CheckpointSaveError(self.write_failure(what, error))
       return should_save(self, step)
 
-    checkpoint.Checkpointer.failed_in_background = None
-    checkpoint.Checkpointer.save = saving_into_a_full_disk
-    checkpoint.Checkpointer.should_save = failing_at_the_next_should_save
+    checkpointer.Checkpointer.failed_in_background = None
+    checkpointer.Checkpointer.save = saving_into_a_full_disk
+    checkpointer.Checkpointer.should_save = failing_at_the_next_should_save
   elif fault == "killed_before_agreement":
 
     def killed(self, step, state, *, force=False):
@@ -102,7 +104,7 @@ def _inject(fault: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
       return False
 
-    checkpoint.Checkpointer.save = killed
+    checkpointer.Checkpointer.save = killed
   elif fault == "claim":
 
     def full_at_the_claim(workdir):
@@ -113,7 +115,7 @@ def _inject(fault: str) -> None:
     write_json = metrics.write_json
 
     def failing_final(path, obj):
-      if os.path.basename(path) == workdirs.FINAL_FILE:
+      if os.path.basename(path) == workdir_rules.FINAL_FILE:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
       write_json(path, obj)
 

@@ -1,4 +1,4 @@
-"""The resolved recipe of every paper row that tools/sweep.py runs, as data.
+"""The resolved recipe of every paper row that tools/sweep/__main__.py runs, as data.
 
 Values are the authors': github zhfeing/Bootstrapping-ViTs-pytorch at 85f12e9 (paths relative to
 its root) with its library cv-lib-PyTorch at tag bootstrapping_vits ("cvlib:"), as read field by

@@ -114,7 +114,7 @@ def poison_ce_vit(monkeypatch, poisoned):
   step built from now on (one step a call or several)."""
   import jax.numpy as jnp
 
-  from vitboot_jax import steps
+  from vitboot_jax.method import steps
 
   make_step = steps.make_train_step
 

@@ -1,4 +1,4 @@
-"""tools/adam_state: each model's Adam moments read from a run's checkpoints, as the optimizer
+"""tools/study/adam_state: each model's Adam moments read from a run's checkpoints, as the optimizer
 holds them."""
 
 import json
@@ -10,8 +10,11 @@ import optax
 import pytest
 
 from tests import tiny_steps
-from vitboot_jax import checkpoint, checkpoint_read, errors, optim, workdirs
-from vitboot_jax.tools import adam_state
+from vitboot_jax import optim
+from vitboot_jax.base import errors
+from vitboot_jax.checkpoint import checkpointer, reader
+from vitboot_jax.run import workdir_rules
+from vitboot_jax.tools.study import adam_state
 
 
 def test_one_adam_step_moves_each_parameter_by_one_learning_rate():
@@ -57,10 +60,10 @@ def _expected(state, model):
 def test_reads_each_models_moments_from_a_runs_checkpoints(tmp_path, monkeypatch):
   state, _ = tiny_steps.run("joint", n=2, log_every_steps=1000)
   run = tmp_path / "run"
-  ckpt = checkpoint.Checkpointer(run, keep=2, save_every_steps=1)
+  ckpt = checkpointer.Checkpointer(run, keep=2, save_every_steps=1)
   ckpt.save(2, state, force=True)
   ckpt.close()
-  (run / workdirs.CONFIG_FILE).write_text(
+  (run / workdir_rules.CONFIG_FILE).write_text(
     json.dumps({"optim": {"name": "adamw", "b1": 0.9, "b2": 0.999, "eps": 1e-8}})
   )
   monkeypatch.chdir(tmp_path)  # A relative workdir, as users type it.
@@ -76,14 +79,16 @@ def test_reads_each_models_moments_from_a_runs_checkpoints(tmp_path, monkeypatch
     np.testing.assert_allclose(row["param_norm"], norm, rtol=1e-6)
   assert rows[1]["params"] == sum(x.size for x in jax.tree.leaves(state.params["vit"]))
   # The library's readers take a relative step directory too (not reported as damage).
-  assert "opt_state" in checkpoint_read.stored_tree("run/checkpoints/2")
+  assert "opt_state" in reader.stored_tree("run/checkpoints/2")
 
   (tmp_path / "empty").mkdir()
-  (tmp_path / "empty" / workdirs.CONFIG_FILE).write_text((run / workdirs.CONFIG_FILE).read_text())
+  (tmp_path / "empty" / workdir_rules.CONFIG_FILE).write_text(
+    (run / workdir_rules.CONFIG_FILE).read_text()
+  )
   with pytest.raises(errors.UsageError, match="has no complete checkpoint"):
     adam_state.read_workdir("empty")
   with pytest.raises(errors.UsageError, match=r"no checkpoint of step\(s\) \[5\]"):
     adam_state.read_workdir("run", steps=[5])
-  (run / workdirs.CONFIG_FILE).write_text(json.dumps({"optim": {"name": "sgd"}}))
+  (run / workdir_rules.CONFIG_FILE).write_text(json.dumps({"optim": {"name": "sgd"}}))
   with pytest.raises(errors.UsageError, match="this tool reads Adam's state"):
     adam_state.read_workdir("run")

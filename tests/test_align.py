@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests import tolerances
-from vitboot_jax import align
+from vitboot_jax.method import align
 
 SHAPES = {"a": (3, 4), "b": {"c": (5,), "d": (2, 2, 2)}}
 

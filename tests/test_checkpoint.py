@@ -1,4 +1,4 @@
-"""Tests for vitboot_jax.checkpoint and the modules it is built from (checkpoint_steps,
+"""Tests for vitboot_jax.checkpoint.checkpointer and the modules it is built from (checkpoint_steps,
 checkpoint_errors, checkpoint_read, checksums): sharded round trip, keep-last-K, kills and
 corruption, the output of failures."""
 
@@ -17,16 +17,11 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from vitboot_jax import checkpoint as ckpt_lib
-from vitboot_jax import (
-  checkpoint_errors,
-  checkpoint_read,
-  checksums,
-  errors,
-  workdir_claim,
-  workdirs,
-)
-from vitboot_jax import quiet as quiet_lib
+from vitboot_jax.base import errors
+from vitboot_jax.base import library_logs as quiet_lib
+from vitboot_jax.checkpoint import checkpointer as ckpt_lib
+from vitboot_jax.checkpoint import checksums, failures, reader
+from vitboot_jax.run import workdir_claim, workdir_rules
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +77,7 @@ def test_round_trip_keeps_values_and_shardings(tmp_path, mesh):
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:
     assert ckpt.restore_latest(abstract_of(state)) is None
     assert ckpt.save(7, state, force=True)
-  assert (tmp_path / "checkpoints" / "7" / workdirs.COMMIT_MARKER).exists()
+  assert (tmp_path / "checkpoints" / "7" / workdir_rules.COMMIT_MARKER).exists()
 
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:
     assert ckpt.latest_step() == 7
@@ -99,7 +94,7 @@ def test_relative_workdir_is_saved_under_the_current_directory(tmp_path, mesh, m
   state = make_state(mesh, seed=2)
   with ckpt_lib.Checkpointer("runs/x") as ckpt:
     assert ckpt.save(5, state, force=True)
-  assert (tmp_path / "runs" / "x" / "checkpoints" / "5" / workdirs.COMMIT_MARKER).exists()
+  assert (tmp_path / "runs" / "x" / "checkpoints" / "5" / workdir_rules.COMMIT_MARKER).exists()
   with ckpt_lib.Checkpointer("runs/x") as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(state))
   assert step == 5
@@ -170,7 +165,7 @@ def test_killed_save_tmp_dir_is_ignored_then_replaced(tmp_path, mesh):
   root = tmp_path / "checkpoints"
   # A kill mid-save leaves orbax's temporary directory, possibly without the marker.
   shutil.copytree(root / "20", root / "30.orbax-checkpoint-tmp")
-  os.remove(root / "30.orbax-checkpoint-tmp" / workdirs.COMMIT_MARKER)
+  os.remove(root / "30.orbax-checkpoint-tmp" / workdir_rules.COMMIT_MARKER)
   with open(root / "30.orbax-checkpoint-tmp" / "default" / "_METADATA", "w") as f:
     f.write("{ half wri")
 
@@ -185,8 +180,10 @@ def test_killed_save_tmp_dir_is_ignored_then_replaced(tmp_path, mesh):
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
   assert step == 30
   assert_same(restored, make_state(mesh, seed=30))
-  assert sorted(os.listdir(root)) == ["10", "20", "30", workdirs.INCOMPLETE_SUBDIR]
-  assert [p.split("-")[0] for p in os.listdir(root / workdirs.INCOMPLETE_SUBDIR)] == ["30.orbax"]
+  assert sorted(os.listdir(root)) == ["10", "20", "30", workdir_rules.INCOMPLETE_SUBDIR]
+  assert [p.split("-")[0] for p in os.listdir(root / workdir_rules.INCOMPLETE_SUBDIR)] == [
+    "30.orbax"
+  ]
 
 
 def test_step_without_commit_marker_is_moved_aside_and_saved_again(tmp_path, mesh):
@@ -194,7 +191,7 @@ def test_step_without_commit_marker_is_moved_aside_and_saved_again(tmp_path, mes
   _save_steps(tmp_path, mesh, [10, 20])
   root = tmp_path / "checkpoints"
   shutil.copytree(root / "20", root / "30")
-  os.remove(root / "30" / workdirs.COMMIT_MARKER)
+  os.remove(root / "30" / workdir_rules.COMMIT_MARKER)
   before = snapshot(root / "30")
   complete_before = snapshot(root / "20")
 
@@ -204,10 +201,10 @@ def test_step_without_commit_marker_is_moved_aside_and_saved_again(tmp_path, mes
     assert step == 20
     assert_same(restored, make_state(mesh, seed=20))
     assert ckpt.save(30, make_state(mesh, seed=30), force=True)
-  assert sorted(os.listdir(root)) == ["20", "30", workdirs.INCOMPLETE_SUBDIR]
-  (moved,) = os.listdir(root / workdirs.INCOMPLETE_SUBDIR)
+  assert sorted(os.listdir(root)) == ["20", "30", workdir_rules.INCOMPLETE_SUBDIR]
+  (moved,) = os.listdir(root / workdir_rules.INCOMPLETE_SUBDIR)
   assert moved.startswith("30-")
-  assert snapshot(root / workdirs.INCOMPLETE_SUBDIR / moved) == before  # Moved, not changed.
+  assert snapshot(root / workdir_rules.INCOMPLETE_SUBDIR / moved) == before  # Moved, not changed.
   assert snapshot(root / "20") == complete_before
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
@@ -285,13 +282,13 @@ def test_damaged_newest_step_is_moved_aside_and_the_previous_one_restored(
     assert step == 10 and ckpt.all_steps() == [10]
     assert_same(restored, make_state(mesh, seed=10))
     assert ckpt.save(20, make_state(mesh, seed=21), force=True)  # The resumed run saves it anew.
-  (moved,) = os.listdir(root / workdirs.DAMAGED_SUBDIR)
+  (moved,) = os.listdir(root / workdir_rules.DAMAGED_SUBDIR)
   assert moved.startswith("20-")
-  assert snapshot(root / workdirs.DAMAGED_SUBDIR / moved) == damaged  # Moved, never changed.
+  assert snapshot(root / workdir_rules.DAMAGED_SUBDIR / moved) == damaged  # Moved, never changed.
   assert snapshot(root / "10") == intact
   (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
   assert warning.startswith("Checkpoint step 20 is damaged (") and expected_cause in warning
-  assert str(root / workdirs.DAMAGED_SUBDIR / moved) in warning and "\n" not in warning
+  assert str(root / workdir_rules.DAMAGED_SUBDIR / moved) in warning and "\n" not in warning
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
   assert step == 20
@@ -305,14 +302,17 @@ def test_every_step_damaged_is_one_error_naming_them_and_a_rerun_starts_afresh(t
   _overwrite_data(root / "20")
   _remove_a_file(root / "10")
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:
-    with pytest.raises(checkpoint_errors.DamagedCheckpointsError) as info:
+    with pytest.raises(failures.DamagedCheckpointsError) as info:
       ckpt.restore_latest(abstract_of(make_state(mesh)))
   message = str(info.value)
   assert "\n" not in message and isinstance(info.value, errors.UsageError)  # main: exit 2.
   assert f"No checkpoint in {root} is intact" in message
   assert "step 20 (" in message and "step 10 (" in message and "is missing" in message
   assert "Re-run the same command to train from step 0" in message
-  assert sorted(n.split("-")[0] for n in os.listdir(root / workdirs.DAMAGED_SUBDIR)) == ["10", "20"]
+  assert sorted(n.split("-")[0] for n in os.listdir(root / workdir_rules.DAMAGED_SUBDIR)) == [
+    "10",
+    "20",
+  ]
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:
     assert ckpt.restore_latest(abstract_of(make_state(mesh))) is None
 
@@ -324,12 +324,12 @@ def test_read_only_reader_refuses_a_damaged_step_by_name_and_moves_nothing(tmp_p
   _overwrite_data(root / "20")
   before = snapshot(root)
   with ckpt_lib.Checkpointer(tmp_path, read_only=True) as ckpt:
-    with pytest.raises(checkpoint_errors.CorruptCheckpointError) as info:
+    with pytest.raises(failures.CorruptCheckpointError) as info:
       ckpt.restore_latest(abstract_of(make_state(mesh)))
   message = str(info.value)
   assert message.startswith(f"Checkpoint {root / '20'} (step 20) is damaged: default/")
   assert "fails its CRC32 check" in message and "Nothing was changed" in message
-  assert f"Move it into {root / workdirs.DAMAGED_SUBDIR}/ to use step 10" in message
+  assert f"Move it into {root / workdir_rules.DAMAGED_SUBDIR}/ to use step 10" in message
   assert "\n" not in message
   assert snapshot(root) == before
 
@@ -341,7 +341,7 @@ def test_checksums_cover_every_file_of_the_save(tmp_path, mesh):
   written = {
     str(p.relative_to(step_dir))
     for p in (step_dir / "default").rglob("*")
-    if p.is_file() and p.name != workdirs.COMMIT_MARKER  # The item's marker comes after.
+    if p.is_file() and p.name != workdir_rules.COMMIT_MARKER  # The item's marker comes after.
   }
   assert set(record["files"]) == written and record["algorithm"] == "crc32"
   assert checksums.verify(step_dir) is None
@@ -368,11 +368,11 @@ def test_a_reader_refuses_a_step_whose_record_is_gone_by_name(tmp_path, mesh):
 
   for read in (
     read_only,
-    lambda: checkpoint_read.stored_tree(root / "20"),
+    lambda: reader.stored_tree(root / "20"),
     lambda: init_from.read_orbax_vit(str(tmp_path)),
     lambda: init_from.read_orbax_agent(str(root)),
   ):
-    with pytest.raises(checkpoint_errors.CorruptCheckpointError) as info:
+    with pytest.raises(failures.CorruptCheckpointError) as info:
       read()
     message = str(info.value)
     assert message.startswith(f"Checkpoint {root / '20'} (step 20) is damaged: {cause}")
@@ -412,7 +412,7 @@ def test_steps_saved_before_checksums_restore_unverified(
     assert step == 10 and len(warnings) == 2  # Step 20's metadata fails to read: damage.
     assert warnings[0].startswith("Checkpoint step 20 is damaged (")
     assert warnings[1].startswith(f"Checkpoint {root / '10'} {unverified}")
-    assert os.listdir(root / workdirs.DAMAGED_SUBDIR)[0].startswith("20-")
+    assert os.listdir(root / workdir_rules.DAMAGED_SUBDIR)[0].startswith("20-")
 
 
 def test_changed_state_is_a_mismatch_not_corruption(tmp_path, mesh):
@@ -423,7 +423,7 @@ def test_changed_state_is_a_mismatch_not_corruption(tmp_path, mesh):
   )  # A different model width.
   state["params"]["extra"] = jnp.zeros(2)
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:
-    with pytest.raises(checkpoint_errors.CheckpointMismatchError) as info:
+    with pytest.raises(failures.CheckpointMismatchError) as info:
       ckpt.restore_latest(abstract_of(state))
   message = str(info.value)
   assert "params/w: stored (16, 4) vs wanted (8, 4)" in message
@@ -437,24 +437,24 @@ def test_steps_to_read_resolves_numbers_and_last(tmp_path, mesh, monkeypatch):
   _save_steps(tmp_path / "run", mesh, [2, 4, 6])
   (tmp_path / "run" / "checkpoints" / "8").mkdir()  # An unfinished save is not a step.
   monkeypatch.chdir(tmp_path)
-  root, steps = checkpoint_read.steps_to_read("run")
+  root, steps = reader.steps_to_read("run")
   assert (root, steps) == (tmp_path / "run", [2, 4, 6])
-  assert checkpoint_read.steps_to_read("run", ["last"])[1] == [6]
-  assert checkpoint_read.steps_to_read("run", ["4", "last", 2])[1] == [2, 4, 6]
+  assert reader.steps_to_read("run", ["last"])[1] == [6]
+  assert reader.steps_to_read("run", ["4", "last", 2])[1] == [2, 4, 6]
   with pytest.raises(
     errors.UsageError, match=r"no checkpoint of step\(s\) \[8\]; it has \[2, 4, 6\]"
   ):
-    checkpoint_read.steps_to_read("run", ["8"])
+    reader.steps_to_read("run", ["8"])
   with pytest.raises(errors.UsageError, match="'newest' is not a step; give step numbers or last"):
-    checkpoint_read.steps_to_read("run", ["newest"])
+    reader.steps_to_read("run", ["newest"])
   with pytest.raises(errors.UsageError, match="has no complete checkpoint"):
-    checkpoint_read.steps_to_read("elsewhere", ["last"])
+    reader.steps_to_read("elsewhere", ["last"])
 
 
 def test_what_we_take_from_orbax_is_still_there():
   """Orbax's step layout and the public calls the Checkpointer relies on: an orbax upgrade that
   changes one fails here, by name, before any run misreads a workdir."""
-  assert workdirs.COMMIT_MARKER == ocp.path.atomicity_types.COMMIT_SUCCESS_FILE
+  assert workdir_rules.COMMIT_MARKER == ocp.path.atomicity_types.COMMIT_SUCCESS_FILE
   assert ocp.step.TMP_DIR_SUFFIX == ".orbax-checkpoint-tmp"  # The name our tests fake.
   for name in ("is_saving_in_progress", "wait_until_finished", "item_metadata", "reload"):
     assert callable(getattr(ocp.CheckpointManager, name, None)), name
@@ -476,9 +476,9 @@ def test_unrestorable_sharding_is_not_called_corruption(tmp_path, mesh):
   # 3 elements cannot be split over 8 devices: a bug in the caller, not in the files.
   abstract = {"b": jax.ShapeDtypeStruct((3,), jnp.float32, sharding=NamedSharding(mesh, P("data")))}
   with ckpt_lib.Checkpointer(tmp_path) as ckpt:
-    with pytest.raises(checkpoint_errors.CheckpointError) as info:
+    with pytest.raises(failures.CheckpointError) as info:
       ckpt.restore_latest(abstract)
-  assert not isinstance(info.value, checkpoint_errors.CorruptCheckpointError)
+  assert not isinstance(info.value, failures.CorruptCheckpointError)
   assert "is intact" in str(info.value) and "delete the directory" not in str(info.value)
 
 
@@ -494,7 +494,7 @@ def test_two_checkpointers_cannot_overwrite_a_complete_step(tmp_path, mesh):
   # Another writer's save in progress (orbax's temporary directory) is neither replaced nor moved.
   in_progress = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp"
   (in_progress / "default").mkdir(parents=True)
-  with pytest.raises(checkpoint_errors.CheckpointSaveError, match="another writer") as info:
+  with pytest.raises(failures.CheckpointSaveError, match="another writer") as info:
     second.save(6, make_state(mesh, seed=2), force=True)
   assert "\n" not in str(info.value)
   assert in_progress.is_dir()
@@ -512,7 +512,7 @@ def test_read_only_and_unclaimed_checkpointers_move_nothing(tmp_path, mesh):
   (root / "20.orbax-checkpoint-tmp" / "default").mkdir(parents=True)  # A live run's save.
   with ckpt_lib.Checkpointer(tmp_path, read_only=True) as ckpt:
     assert ckpt.latest_step() == 10
-    with pytest.raises(checkpoint_errors.CheckpointError, match="read-only"):
+    with pytest.raises(failures.CheckpointError, match="read-only"):
       ckpt.save(11, make_state(mesh), force=True)
   assert sorted(os.listdir(root)) == ["10", "20.orbax-checkpoint-tmp"]
   # A live run elsewhere holds the workdir: a Checkpointer opened beside it moves nothing either.
@@ -534,24 +534,22 @@ def test_every_process_raises_the_failure_of_the_first_process_that_had_one(monk
   def published(error):  # What a process with `error` puts into the exchange.
     seen = []
     monkeypatch.setattr(sharding, "exchange", lambda name, value: seen.append(value) or [value])
-    checkpoint_errors.agreed("x", error)
+    failures.agreed("x", error)
     return seen[0]
 
   def agreed_as_process_1(mine, first="", third=""):
     monkeypatch.setattr(sharding, "exchange", lambda name, value: [first, value, third])
-    return checkpoint_errors.agreed("x", mine)
+    return failures.agreed("x", mine)
 
-  corrupt = checkpoint_errors.CorruptCheckpointError
+  corrupt = failures.CorruptCheckpointError
   damaged = corrupt("step 8 is damaged", step=8, cause="DATA_LOSS: x")
   got = agreed_as_process_1(None, third=published(damaged))
   assert type(got) is corrupt
   assert (str(got), got.step, got.cause) == ("step 8 is damaged", 8, "DATA_LOSS: x")
-  full = checkpoint_errors.CheckpointSaveError("disk full")
+  full = failures.CheckpointSaveError("disk full")
   assert agreed_as_process_1(full) is full
-  skip = agreed_as_process_1(full, first=published(checkpoint_errors.AlreadySaved("4")))
-  assert (
-    type(skip) is checkpoint_errors.AlreadySaved
-  )  # Process 0's verdict wins: every process skips.
+  skip = agreed_as_process_1(full, first=published(failures.AlreadySaved("4")))
+  assert type(skip) is failures.AlreadySaved  # Process 0's verdict wins: every process skips.
   busy = agreed_as_process_1(None, first=published(workdir_claim.WorkdirBusyError("taken")))
   assert isinstance(busy, errors.UsageError) and str(busy) == "taken"
   assert agreed_as_process_1(None) is None
@@ -566,7 +564,7 @@ def test_any_save_failure_is_one_checkpoint_save_error(tmp_path, mesh, monkeypat
       raise ValueError('NOT_FOUND: Error opening "zarr" driver:\n{"kvstore": ...}\n[source...]')
 
     monkeypatch.setattr(ckpt._manager, "save", failing_save)
-    with pytest.raises(checkpoint_errors.CheckpointSaveError) as info:
+    with pytest.raises(failures.CheckpointSaveError) as info:
       ckpt.save(10, make_state(mesh), force=True)
   message = str(info.value)
   assert "\n" not in message
@@ -645,7 +643,7 @@ def test_orbax_errors_are_quiet_only_inside_a_save_or_restore_that_reports_them(
       raise ValueError("NOT_FOUND: injected")
 
     monkeypatch.setattr(ckpt._manager, "save", failing_save)
-    with pytest.raises(checkpoint_errors.CheckpointSaveError, match="NOT_FOUND: injected"):
+    with pytest.raises(failures.CheckpointSaveError, match="NOT_FOUND: injected"):
       ckpt.save(2, make_state(mesh), force=True)
   assert "orbax's own account" not in console.getvalue()  # Said once: in our error.
   _orbax_error("unrelated: after the failure")
@@ -676,7 +674,7 @@ def test_a_failed_background_save_is_said_once_and_at_once(
       return saved
 
     monkeypatch.setattr(ckpt._manager, "save", save_and_finish)
-  with pytest.raises(checkpoint_errors.CheckpointSaveError, match="No space left on device"):
+  with pytest.raises(failures.CheckpointSaveError, match="No space left on device"):
     ckpt.save(1, make_state(mesh), force=True)
     deadline = time.time() + 60
     while time.time() < deadline:

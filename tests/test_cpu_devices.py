@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tests import runs
-from vitboot_jax import errors
+from vitboot_jax.base import errors
 from vitboot_jax.cpu import devices as cpu_devices
 
 

@@ -16,7 +16,8 @@ from tests.runs import REPO, TINY
 from tests.runs import env as _env
 from tests.runs import metrics as _metrics
 from tests.runs import train_losses as _train_losses
-from vitboot_jax import configlib, errors, sharding
+from vitboot_jax import configlib, sharding
+from vitboot_jax.base import errors
 from vitboot_jax.data import (
   device_pipeline,
   read_npz,

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from tests.config_files import load_config
-from vitboot_jax import errors, sharding
+from vitboot_jax import sharding
+from vitboot_jax.base import errors
 from vitboot_jax.tools.perf import device_plan
 
 

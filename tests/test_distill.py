@@ -9,13 +9,15 @@ import pytest
 
 from tests.config_files import load_config
 from tests.tiny_steps import batch_of
-from vitboot_jax import configlib, evaluate, kernel_sets, losses, optim, steps
+from vitboot_jax import configlib, evaluate, kernel_sets, optim
+from vitboot_jax.base.errors import ConfigError
 from vitboot_jax.data import step_preprocess
-from vitboot_jax.errors import ConfigError
+from vitboot_jax.method import losses, steps
 from vitboot_jax.models import pretrained
 from vitboot_jax.models.build import build_models, build_vit
 from vitboot_jax.state import create_state
-from vitboot_jax.tools import sweep_runs, sweep_tables
+from vitboot_jax.tools.sweep import runs as sweep_runs
+from vitboot_jax.tools.sweep import tables as sweep_tables
 
 HARD = "mode=joint,distill=hard,feature=0,kd=0,frozen=1"
 

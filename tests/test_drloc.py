@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from vitboot_jax import drloc
+from vitboot_jax.method import drloc
 from vitboot_jax.models import drloc_head
 
 # ---------------------------------------------------------------------------------------------

@@ -12,17 +12,12 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests.config_files import REPO, load_config
-from vitboot_jax import (
-  checkpoint,
-  checkpoint_errors,
-  configlib,
-  errors,
-  init_from,
-  kernel_sets,
-  metrics,
-)
+from vitboot_jax import configlib, init_from, kernel_sets
+from vitboot_jax.base import errors
+from vitboot_jax.checkpoint import checkpointer, failures
 from vitboot_jax.models import convert, pretrained
 from vitboot_jax.models.build import build_models, build_vit
+from vitboot_jax.run import metrics
 from vitboot_jax.tools import export
 
 
@@ -38,7 +33,7 @@ def _run(tmp_path, arg, steps=(3,), name="run", **model):
   draw = lambda s: rng.normal(size=s.shape).astype(s.dtype)
   workdir = tmp_path / name
   saved = {}
-  with checkpoint.Checkpointer(workdir, async_save=False) as ckpt:
+  with checkpointer.Checkpointer(workdir, async_save=False) as ckpt:
     for step in steps:
       params = jax.tree.map(draw, shapes["params"])
       stats = jax.tree.map(lambda s: np.abs(draw(s)), shapes["batch_stats"])
@@ -230,7 +225,7 @@ def test_relative_workdir_and_a_damaged_step_refused_by_name(tmp_path, monkeypat
     lambda: export.export("run", "timm", "x.safetensors"),
     lambda: init_from.read_vit_params("run/checkpoints"),
   ):
-    with pytest.raises(checkpoint_errors.CorruptCheckpointError) as info:
+    with pytest.raises(failures.CorruptCheckpointError) as info:
       read()
     message = str(info.value)
     assert isinstance(info.value, errors.UsageError) and "\n" not in message  # Exit 2.

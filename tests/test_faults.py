@@ -20,8 +20,10 @@ import pytest
 from tests import runs
 from tests.config_files import load_config
 from tests.runs import command, env, metrics, run
-from vitboot_jax import checkpoint, checkpoint_errors, checkpoint_steps, preemption, train, workdirs
+from vitboot_jax import train
+from vitboot_jax.checkpoint import checkpointer, failures, step_dirs
 from vitboot_jax.data import splits, tfdata_pipeline
+from vitboot_jax.run import preemption, workdir_rules
 
 # Triggers of runs.WatchedRun besides runs.after_step: its log line, or its checkpoint directory.
 
@@ -106,7 +108,7 @@ def test_sigterm_mid_epoch_saves_exits_cleanly_and_resumes(uninterrupted, image_
   assert len(stopped) == 1 and "Re-run the same command to resume" in stopped[0]
   step = int(stopped[0].split("after step ")[1].split(":")[0])
   assert 13 <= step < 30  # Mid-epoch: the step in flight finished, then it saved and stopped.
-  assert (workdir / "checkpoints" / str(step) / workdirs.COMMIT_MARKER).exists()
+  assert (workdir / "checkpoints" / str(step) / workdir_rules.COMMIT_MARKER).exists()
   assert max(r["step"] for r in metrics(workdir)) == step
   assert not (workdir / "final.json").exists()
   proc = run(workdir, image_folder)
@@ -129,7 +131,7 @@ def test_sigterm_during_an_evaluation_saves_the_step_unevaluated_and_resumes(
   assert "Traceback" not in log
   assert "The evaluation of step 10 stopped early; it runs again on resume." in log
   assert "Stopped by SIGTERM after step 10" in log
-  assert (workdir / "checkpoints" / "10" / workdirs.COMMIT_MARKER).exists()
+  assert (workdir / "checkpoints" / "10" / workdir_rules.COMMIT_MARKER).exists()
   assert not [r for r in metrics(workdir) if "eval/top1_vit" in r]
   proc = run(workdir, image_folder, *one_image_batches)
   assert "Resuming from the checkpoint of step 10" in proc.stderr
@@ -188,7 +190,7 @@ def test_non_finite_loss_stops_before_saving_it(image_folder, tmp_path, monkeypa
 def test_a_full_disk_under_the_metrics_is_one_line(image_folder, tmp_path, monkeypatch):
   """The disk may fill under metrics.jsonl before any save notices: one line, the file, the fix
   and the checkpoint a re-run resumes from (step 4 of 10)."""
-  from vitboot_jax import metrics as metrics_lib
+  from vitboot_jax.run import metrics as metrics_lib
 
   append, calls = metrics_lib._append_text, []
 
@@ -259,10 +261,10 @@ def tiny_disk(tmp_path):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_full_disk_save_fails_clearly_and_keeps_the_older_checkpoint(small_disk):
   state = {"w": jax.random.normal(jax.random.key(0), (500, 1000))}  # 2 MB, incompressible.
-  with checkpoint.Checkpointer(small_disk) as ckpt:
+  with checkpointer.Checkpointer(small_disk) as ckpt:
     assert ckpt.save(1, state, force=True)
     ckpt.wait()
-    with pytest.raises(checkpoint_errors.CheckpointSaveError) as info:
+    with pytest.raises(failures.CheckpointSaveError) as info:
       ckpt.save(2, {"w": state["w"] + 1}, force=True)
       deadline = time.time() + 60
       while time.time() < deadline:  # The loop asks every step: the failure shows at once.
@@ -272,7 +274,7 @@ def test_full_disk_save_fails_clearly_and_keeps_the_older_checkpoint(small_disk)
   assert "Saving a checkpoint under" in message and "\n" not in message
   assert "No space left on device" in message and "Free disk space" in message
   assert "newest complete checkpoint (step 1), which is intact" in message
-  with checkpoint.Checkpointer(small_disk) as ckpt:
+  with checkpointer.Checkpointer(small_disk) as ckpt:
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
     restored, step = ckpt.restore_latest(abstract)
   assert step == 1
@@ -396,7 +398,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(uninterrupted, image_
     line = next(x for x in log.splitlines() if "Stopped by SIGTERM after step" in x)
     stopped_at.append(int(line.split("after step ")[1].split(":")[0]))
   assert stopped_at[0] == stopped_at[1] and 9 <= stopped_at[0] < 30, stopped_at
-  assert (workdir / "checkpoints" / str(stopped_at[0]) / workdirs.COMMIT_MARKER).exists()
+  assert (workdir / "checkpoints" / str(stopped_at[0]) / workdir_rules.COMMIT_MARKER).exists()
 
   procs = start()
   for proc in procs:
@@ -418,16 +420,16 @@ def test_the_ending_begins_once_and_an_error_after_it_is_its_echo(monkeypatch, c
   leaving cancelled) waits for the exit: it reads nothing and says nothing."""
   import threading
 
-  from vitboot_jax import ending
+  from vitboot_jax.run import failing
 
-  state = ending._Ending()
-  monkeypatch.setattr(ending, "_STATE", state)
-  monkeypatch.setattr(ending, "_multi_process", lambda: True)
+  state = failing._Ending()
+  monkeypatch.setattr(failing, "_STATE", state)
+  monkeypatch.setattr(failing, "_multi_process", lambda: True)
   reads = []
-  monkeypatch.setattr(ending, "_published", reads.append)
+  monkeypatch.setattr(failing, "_published", reads.append)
   assert state.begin() and not state.begin()
   cancelled = RuntimeError("CANCELLED: GetKeyValueAsync() was cancelled.")
-  for call in (lambda: ending.fail_unforeseen(cancelled), lambda: ending.fail("a line", 1)):
+  for call in (lambda: failing.fail_unforeseen(cancelled), lambda: failing.fail("a line", 1)):
     thread = threading.Thread(target=call, daemon=True)  # Left waiting, as in a real ending.
     thread.start()
     thread.join(0.5)
@@ -436,20 +438,20 @@ def test_the_ending_begins_once_and_an_error_after_it_is_its_echo(monkeypatch, c
 
 
 def test_errors_of_a_peer_are_told_from_others():
-  from vitboot_jax import ending
+  from vitboot_jax.run import failing
 
   for status in ("CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED"):
-    assert ending.is_peer_error(RuntimeError(f"{status}: the store's read"))
+    assert failing.is_peer_error(RuntimeError(f"{status}: the store's read"))
   try:
     try:
       raise RuntimeError("UNAVAILABLE: Failed to send RPC")
     except RuntimeError as error:
-      raise checkpoint_errors.CheckpointSaveError("Saving step 4 failed") from error
-  except checkpoint_errors.CheckpointSaveError as error:
-    assert ending.is_peer_error(error)
+      raise failures.CheckpointSaveError("Saving step 4 failed") from error
+  except failures.CheckpointSaveError as error:
+    assert failing.is_peer_error(error)
   gloo = "UNKNOWN: Gloo all-reduce failed: [pair.cc:547] Connection closed by peer [::1]:4567"
-  assert ending.is_peer_error(RuntimeError(gloo))
-  assert not ending.is_peer_error(ValueError("DATA_LOSS: a file cannot be read"))
+  assert failing.is_peer_error(RuntimeError(gloo))
+  assert not failing.is_peer_error(ValueError("DATA_LOSS: a file cannot be read"))
 
 
 def test_an_exchange_one_process_alone_made_shifts_only_its_own_name(monkeypatch):
@@ -635,7 +637,7 @@ def test_a_save_failing_on_one_process_ends_every_process(image_folder, tmp_path
   assert code == 1, line
   assert line.startswith(f"Saving step 4 under {root} failed: No space left on device"), line
   assert "resumes from the newest complete checkpoint (none yet)" in line
-  assert not checkpoint_steps.complete_steps(root)
+  assert not step_dirs.complete_steps(root)
   assert not (workdir / "claim.json").exists()
 
 
@@ -758,7 +760,7 @@ def test_second_run_on_a_held_workdir_refuses_and_the_first_is_intact(image_fold
   assert [r["step"] for r in records if "eval/top1_vit" in r] == [10, 20, 30]
   root = workdir / "checkpoints"
   assert sorted(os.listdir(root)) == ["24", "28", "30"]  # keep 3; nothing moved aside.
-  assert all((root / s / workdirs.COMMIT_MARKER).exists() for s in os.listdir(root))
+  assert all((root / s / workdir_rules.COMMIT_MARKER).exists() for s in os.listdir(root))
   assert not (workdir / "claim.json").exists()
   assert json.loads((workdir / "final.json").read_text())["resumed_from_step"] == 0
 
@@ -800,7 +802,7 @@ def data_copy(image_folder, tmp_path):
 def test_a_class_in_only_one_split_is_a_data_error(data_copy):
   import shutil
 
-  from vitboot_jax import errors
+  from vitboot_jax.base import errors
 
   extra = data_copy / "test" / "zebra"
   shutil.copytree(data_copy / "test" / "class0", extra)
@@ -827,7 +829,8 @@ def test_unsupported_files_are_counted_and_named(data_copy, caplog):
 def test_a_bad_test_image_stops_the_run_before_training(data_copy, damage, pipeline):
   import tensorflow as tf
 
-  from vitboot_jax import errors, sharding
+  from vitboot_jax import sharding
+  from vitboot_jax.base import errors
   from vitboot_jax.data import loop_feed, tfdata_undecodable
 
   config = _tiny_config(data_copy)

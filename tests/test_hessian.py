@@ -1,5 +1,5 @@
-"""tools/hessian: the extreme eigenvalues of a model's loss Hessian at a run's checkpoints, plain
-and preconditioned as Adam steps."""
+"""tools/study/hessian: the extreme eigenvalues of a model's loss Hessian at a run's
+checkpoints, plain and preconditioned as Adam steps."""
 
 import json
 
@@ -10,8 +10,9 @@ import optax
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from vitboot_jax import checkpoint, checkpoint_steps, errors
-from vitboot_jax.tools import hessian
+from vitboot_jax.base import errors
+from vitboot_jax.checkpoint import checkpointer, step_dirs
+from vitboot_jax.tools.study import hessian
 
 
 def test_lanczos_finds_both_ends_of_a_known_spectrum():
@@ -28,7 +29,7 @@ def test_lanczos_finds_both_ends_of_a_known_spectrum():
 
 @pytest.mark.slow
 def test_a_runs_checkpoint_gives_bounds_the_loss_surface_respects(uninterrupted):
-  last = checkpoint_steps.complete_steps(uninterrupted / "checkpoints")[-1]
+  last = step_dirs.complete_steps(uninterrupted / "checkpoints")[-1]
   (row,) = hessian.curvature(str(uninterrupted), [last], "vit", images=40, iterations=12)
   assert row["step"] == last and row["model"] == "vit" and row["limit"] == pytest.approx(38.0)
   logged = [json.loads(line) for line in (uninterrupted / "metrics.jsonl").read_text().splitlines()]
@@ -38,15 +39,16 @@ def test_a_runs_checkpoint_gives_bounds_the_loss_surface_respects(uninterrupted)
 
   # Curvatures along random directions, from finite differences of the gradient (independent of
   # the tool's forward-over-reverse products), lie inside the Lanczos bounds.
-  from vitboot_jax import sharding, workdirs
+  from vitboot_jax import sharding
   from vitboot_jax import trainer as trainer_lib
+  from vitboot_jax.run import workdir_rules
   from vitboot_jax.tools import visualize
 
-  config = visualize.inspection_config(workdirs.read_config(uninterrupted))
+  config = visualize.inspection_config(workdir_rules.read_config(uninterrupted))
   config.kernels = "xla"
   config.data.cache = False
   trainer = trainer_lib.build(config, sharding.make_mesh(), steps_per_epoch=10)
-  with checkpoint.Checkpointer(uninterrupted, keep=None, async_save=False, read_only=True) as c:
+  with checkpointer.Checkpointer(uninterrupted, keep=None, async_save=False, read_only=True) as c:
     state = c.restore(trainer.abstract_state, last)
   x, y = visualize.sample_images(config, 40)
   flat, unravel = ravel_pytree(state.params["vit"])

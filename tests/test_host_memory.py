@@ -58,15 +58,17 @@ def test_reexecution_under_the_allocator_stops_the_page_faults():
 _SAVES = """
 import os, sys, tempfile
 import jax, jax.numpy as jnp, numpy as np
-from vitboot_jax import checkpoint, quiet, sharding
-quiet.libraries()
+from vitboot_jax.checkpoint import checkpointer
+from vitboot_jax.base import library_logs
+from vitboot_jax import sharding
+library_logs.libraries()
 w, saves = 256, int(sys.argv[1])
 shapes = [(w, 3 * w), (w, w), (w, 4 * w), (4 * w, w), (3 * w,), (w,), (4 * w,), (w,)] * 9
 rng = np.random.default_rng(0)
 replicated = sharding.replicated(sharding.make_mesh())
 state = [jax.device_put(rng.standard_normal(s, np.float32), replicated) for s in shapes]
 step = jax.jit(lambda s: [x * 1.0001 + jnp.tanh(x) * 1e-6 for x in s], donate_argnums=0)
-ckpt = checkpoint.Checkpointer(tempfile.mkdtemp(), keep=2)
+ckpt = checkpointer.Checkpointer(tempfile.mkdtemp(), keep=2)
 for i in range(1, 2 * saves + 1):
   state = jax.block_until_ready(step(state))
   if i % 2 == 0:

@@ -78,12 +78,13 @@ def test_fine_tune_run_starts_from_a_pre_training_run(tmp_path, monkeypatch):
   checkpoints is exactly the pre-trained one (train.py's hook; the modes are tested above)."""
   import tensorflow_datasets as tfds
 
-  from vitboot_jax import checkpoint, train
+  from vitboot_jax import train
+  from vitboot_jax.checkpoint import checkpointer
   from vitboot_jax.data import prepare
 
   # tfds mock data swaps the filesystem process-wide: save synchronously (see test_train.py).
   monkeypatch.setattr(
-    train.checkpoint, "Checkpointer", functools.partial(checkpoint.Checkpointer, async_save=False)
+    train.checkpoint, "Checkpointer", functools.partial(checkpointer.Checkpointer, async_save=False)
   )
   # mock_data's download_and_prepare is a no-op; the network probe before it would fail offline.
   monkeypatch.setattr(prepare, "_reachable", lambda host: True)
@@ -104,13 +105,13 @@ def test_fine_tune_run_starts_from_a_pre_training_run(tmp_path, monkeypatch):
 
 
 def test_orbax_reader_takes_a_workdir_its_checkpoints_or_one_step(tmp_path):
-  from vitboot_jax import checkpoint
+  from vitboot_jax.checkpoint import checkpointer
 
   vit = {"pos_embed": np.arange(6, dtype=np.float32).reshape(1, 3, 2)}
-  with checkpoint.Checkpointer(tmp_path / "run", async_save=False) as ckpt:
+  with checkpointer.Checkpointer(tmp_path / "run", async_save=False) as ckpt:
     ckpt.save(2, {"params": {"vit": jax.tree.map(lambda x: x - 1, vit)}, "step": 2}, force=True)
     ckpt.save(5, {"params": {"vit": vit}, "step": 5}, force=True)
-  with checkpoint.Checkpointer(tmp_path / "agent_run", async_save=False) as ckpt:
+  with checkpointer.Checkpointer(tmp_path / "agent_run", async_save=False) as ckpt:
     ckpt.save(1, {"params": {"agent": vit}}, force=True)
   (tmp_path / "run" / "checkpoints" / "7").mkdir()  # A save cut short: no commit marker.
   for path in ("run", "run/checkpoints", "run/checkpoints/5"):
@@ -131,21 +132,21 @@ def _run_dir(root, mode, step, *, finished=True, steps_per_epoch=10, older=(), *
   `step`) and, if `finished`, final.json at `step` (no arrays: start-up reads none)."""
   import json
 
-  from vitboot_jax import workdirs
+  from vitboot_jax.run import workdir_rules
 
   config = _config(f"mode={mode}")
   for field, value in fields.items():
     block, name = field.rsplit(".", 1) if "." in field else (None, field)
     (config[block] if block else config)[name] = value
   root.mkdir(parents=True)
-  (root / workdirs.CONFIG_FILE).write_text(config.to_json_best_effort())
-  (root / workdirs.DATA_FILE).write_text(json.dumps({"steps_per_epoch": steps_per_epoch}))
+  (root / workdir_rules.CONFIG_FILE).write_text(config.to_json_best_effort())
+  (root / workdir_rules.DATA_FILE).write_text(json.dumps({"steps_per_epoch": steps_per_epoch}))
   for saved in (*older, step):
-    step_dir = root / workdirs.CHECKPOINT_SUBDIR / str(saved)
+    step_dir = root / workdir_rules.CHECKPOINT_SUBDIR / str(saved)
     step_dir.mkdir(parents=True)
-    (step_dir / workdirs.COMMIT_MARKER).write_text("")
+    (step_dir / workdir_rules.COMMIT_MARKER).write_text("")
   if finished:
-    (root / workdirs.FINAL_FILE).write_text(json.dumps({"step": step}))
+    (root / workdir_rules.FINAL_FILE).write_text(json.dumps({"step": step}))
   return root
 
 
@@ -185,7 +186,8 @@ TEACHER = r"teacher= \(config.agent_init_from\)="
   ],
 )
 def test_a_source_that_cannot_give_its_model_is_refused_at_start_up(tmp_path, make, field, message):
-  from vitboot_jax import errors, startup
+  from vitboot_jax.base import errors
+  from vitboot_jax.run import startup
 
   path = tmp_path / "source"
   if make == "empty":
@@ -199,7 +201,7 @@ def test_a_source_that_cannot_give_its_model_is_refused_at_start_up(tmp_path, ma
 
 
 def test_a_finished_teacher_of_this_recipe_and_a_weights_file_start_silently(tmp_path):
-  from vitboot_jax import startup
+  from vitboot_jax.run import startup
 
   teacher = _run_dir(tmp_path / "teacher", "agent", 30)
   weights = tmp_path / "vit.npz"
@@ -213,7 +215,7 @@ def test_a_finished_teacher_of_this_recipe_and_a_weights_file_start_silently(tmp
 
 
 def test_an_unfinished_teacher_and_one_of_another_recipe_are_read_with_a_warning(tmp_path):
-  from vitboot_jax import startup
+  from vitboot_jax.run import startup
 
   killed = _run_dir(tmp_path / "killed", "agent", 6, finished=False, num_epochs=3)
   (warning,) = startup.source_warnings(_student(agent_init_from=str(killed)))
@@ -233,15 +235,16 @@ def test_an_unfinished_teacher_and_one_of_another_recipe_are_read_with_a_warning
 
 
 def test_the_agent_recipe_names_the_fields_the_agent_is_built_from():
-  from vitboot_jax import startup
   from vitboot_jax.models import build
+  from vitboot_jax.run import startup
 
   model_fields = {f.removeprefix("model.") for f in startup.AGENT_RECIPE if f.startswith("model.")}
   assert model_fields == set(build.VIT_SHAPE)
 
 
 def test_start_up_checks_a_fresh_runs_sources_only(tmp_path, caplog, image_folder):
-  from vitboot_jax import errors, startup
+  from vitboot_jax.base import errors
+  from vitboot_jax.run import startup
 
   killed = _run_dir(tmp_path / "killed", "agent", 6, finished=False)
   config = _student(agent_init_from=str(killed))

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vitboot_jax import losses
+from vitboot_jax.method import losses
 
 # ---------------------------------------------------------------------------------------------
 # numpy references (float64, loops and explicit index arithmetic, no shared code with losses.py)

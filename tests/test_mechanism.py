@@ -12,22 +12,16 @@ import pytest
 from configs import common
 from tests.config_files import load_config
 from tests.tiny_steps import batch_of, gradients, run, setup
-from vitboot_jax import (
-  checkpoint,
-  configlib,
-  hint_variants,
-  init_from,
-  kernel_sets,
-  losses,
-  optim,
-  sharding,
-  steps,
-)
-from vitboot_jax.errors import ConfigError
+from vitboot_jax import configlib, init_from, kernel_sets, optim, sharding
+from vitboot_jax.base.errors import ConfigError
+from vitboot_jax.checkpoint import checkpointer
+from vitboot_jax.method import hint_variants, losses, steps
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.choices import hinted_layers
 from vitboot_jax.state import create_state
-from vitboot_jax.tools import sweep_report, sweep_runs, sweep_tables
+from vitboot_jax.tools.sweep import report as sweep_report
+from vitboot_jax.tools.sweep import runs as sweep_runs
+from vitboot_jax.tools.sweep import tables as sweep_tables
 
 # Each variant switch, an "on" value and the config fields it may change.
 VARIANTS = {
@@ -284,7 +278,7 @@ def test_teacher_starts_the_agent_from_a_run_of_ours(tmp_path, monkeypatch):
   saved = saved.replace(
     batch_stats=jax.tree.map(lambda x: x + 0.5, saved.batch_stats), step=jnp.int32(3)
   )
-  ckpt = checkpoint.Checkpointer(tmp_path / "agent_run", keep=1, save_every_steps=1)
+  ckpt = checkpointer.Checkpointer(tmp_path / "agent_run", keep=1, save_every_steps=1)
   ckpt.save(3, saved, force=True)
   ckpt.close()
 

@@ -7,7 +7,8 @@ import optax
 import pytest
 
 from tests.config_files import load_config
-from vitboot_jax import kernel_sets, optim, steps
+from vitboot_jax import kernel_sets, optim
+from vitboot_jax.method import steps
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state

@@ -1,4 +1,4 @@
-"""Tests for vitboot_jax.metrics: metrics.jsonl, resume truncation, TensorBoard, atomic JSON."""
+"""Tests for vitboot_jax.run.metrics: metrics.jsonl, resume truncation, TensorBoard, atomic JSON."""
 
 import glob
 import json
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vitboot_jax import metrics as metrics_lib
+from vitboot_jax.run import metrics as metrics_lib
 
 
 def test_write_appends_json_lines_with_python_numbers(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from tests import config_files, paper_recipes
 from vitboot_jax import configlib
-from vitboot_jax.tools import sweep_tables
+from vitboot_jax.tools.sweep import tables as sweep_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,10 @@ import pytest
 
 from tests.config_files import load_config
 from vitboot_jax import configlib
-from vitboot_jax.tools import plot, sweep_report, sweep_runs, sweep_tables
+from vitboot_jax.tools import plot
+from vitboot_jax.tools.sweep import report as sweep_report
+from vitboot_jax.tools.sweep import runs as sweep_runs
+from vitboot_jax.tools.sweep import tables as sweep_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 10

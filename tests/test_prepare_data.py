@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from vitboot_jax import configlib, errors
+from vitboot_jax import configlib
+from vitboot_jax.base import errors
 from vitboot_jax.data import prepare, tfdata_pipeline
 from vitboot_jax.tools import prepare_data
 

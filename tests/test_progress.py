@@ -8,7 +8,8 @@ import pytest
 
 from tests.runs import TINY
 from tests.runs import env as _env
-from vitboot_jax import progress, quiet
+from vitboot_jax.base import library_logs
+from vitboot_jax.run import progress
 
 
 class FakeClock:
@@ -143,7 +144,7 @@ def test_a_later_evaluation_line_trusts_the_last_evaluation_time():
 
 
 def test_library_info_is_dropped_and_warnings_kept():
-  libraries = quiet._QuietLibraries()
+  libraries = library_logs._QuietLibraries()
 
   def record(path, level, message="message"):
     return logging.LogRecord("absl", level, path, 1, message, None, None)
@@ -164,7 +165,7 @@ def test_library_info_is_dropped_and_warnings_kept():
 
 @pytest.mark.slow
 def test_tensorflow_starts_quietly():
-  code = "from vitboot_jax import quiet; quiet.import_tensorflow(); print('imported')"
+  code = "from vitboot_jax import quiet; library_logs.import_tensorflow(); print('imported')"
   variables = _env(1)
   variables.pop("TF_CPP_MIN_LOG_LEVEL", None)
   proc = subprocess.run(

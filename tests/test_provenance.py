@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from vitboot_jax import provenance
+from vitboot_jax.run import provenance
 
 
 def _git(repo, *args):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from vitboot_jax.tools import sweep_tables
+from vitboot_jax.tools.sweep import tables as sweep_tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -15,8 +15,8 @@ from configs import common
 from tests import runs, tiny_steps
 from tests.config_files import load_config
 from vitboot_jax import configlib
+from vitboot_jax.base.errors import ConfigError
 from vitboot_jax.data import randaugment_policy, recipe_augment, step_preprocess
-from vitboot_jax.errors import ConfigError
 from vitboot_jax.models import common as model_common
 
 

@@ -1,4 +1,4 @@
-"""tools/representations: how diverse a run's ViT tokens are, layer by layer."""
+"""tools/study/representations: how diverse a run's ViT tokens are, layer by layer."""
 
 import json
 import shutil
@@ -8,8 +8,9 @@ import pytest
 from jax.tree_util import keystr, tree_flatten_with_path
 
 from tests import runs, without_tensorflow
-from vitboot_jax import checkpoint_steps, errors
-from vitboot_jax.tools import representations
+from vitboot_jax.base import errors
+from vitboot_jax.checkpoint import step_dirs
+from vitboot_jax.tools.study import representations
 
 
 def test_effective_rank_counts_the_directions_the_rows_spread_in():
@@ -45,7 +46,7 @@ def test_attention_entropy_runs_from_zero_to_uniform():
 
 @pytest.mark.slow
 def test_a_runs_checkpoints_give_a_row_per_step_for_every_block(uninterrupted, tmp_path):
-  steps = checkpoint_steps.complete_steps(uninterrupted / "checkpoints")
+  steps = step_dirs.complete_steps(uninterrupted / "checkpoints")
   rows = representations.read_workdir(str(uninterrupted), None, images=40)
   assert [r["step"] for r in rows] == steps
   for row in rows:
@@ -83,7 +84,7 @@ def test_a_device_pipeline_run_is_read_without_tensorflow_and_alike(uninterrupte
   (run / "config.json").write_text(json.dumps(config))
   args = [f"--workdir={run}", "--steps=last", "--images=40"]
   proc = without_tensorflow.run_module(
-    "vitboot_jax.tools.representations", args, env=runs.env(8), timeout=300
+    "vitboot_jax.tools.study.representations", args, env=runs.env(8), timeout=300
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   (row,) = json.loads(proc.stdout.splitlines()[-1])

@@ -12,7 +12,7 @@ import numpy as np
 from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.data import read_npz
-from vitboot_jax.tools import sweep_tables
+from vitboot_jax.tools.sweep import tables as sweep_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ROWS = ["vit", "agent", "joint", "shared_align", "shared_noalign"]

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vitboot_jax import configlib, errors, evaluate, kernel_sets, optim, steps
+from vitboot_jax import configlib, evaluate, kernel_sets, optim
+from vitboot_jax.base import errors
 from vitboot_jax.data import step_preprocess, tfdata_augment, tfdata_pipeline
+from vitboot_jax.method import steps
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 

@@ -12,7 +12,8 @@ import pytest
 from tests import golden, hlo, tolerances, without_tensorflow
 from tests.config_files import load_config
 from tests.tiny_steps import batch_of, gradients, jitted_gradients, setup
-from vitboot_jax import kernel_sets, sharding, steps
+from vitboot_jax import kernel_sets, sharding
+from vitboot_jax.method import steps
 from vitboot_jax.models import convert, sharing
 from vitboot_jax.models.build import build_models
 from vitboot_jax.tools.perf import benchmark
@@ -352,7 +353,7 @@ def test_steps_and_benchmark_need_no_tensorflow():
   """TensorFlow is only the input pipeline: an accelerator host without it still builds, jits
   and benchmarks every step (launch/accelerator_check.sh)."""
   proc = without_tensorflow.run(
-    "import vitboot_jax.trainer, vitboot_jax.steps, vitboot_jax.tools.perf.benchmark\n"
+    "import vitboot_jax.trainer, vitboot_jax.method.steps, vitboot_jax.tools.perf.benchmark\n"
     "import vitboot_jax.tools.perf.lowering\n"
     "assert 'tensorflow' not in sys.modules\n"
   )

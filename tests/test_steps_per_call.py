@@ -12,9 +12,11 @@ import pytest
 from tests import runs
 from tests.config_files import load_config
 from tests.runs import TINY, metrics, run
-from vitboot_jax import configlib, sharding, steps, train, workdirs
+from vitboot_jax import configlib, sharding, train
 from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.errors import ConfigError
+from vitboot_jax.base.errors import ConfigError
+from vitboot_jax.method import steps
+from vitboot_jax.run import workdir_rules
 
 
 def test_call_lengths_end_on_every_boundary():
@@ -197,7 +199,7 @@ def test_four_steps_a_call_leave_the_run_of_one(vit_runs):
 @pytest.mark.slow
 def test_the_resolved_steps_per_call_is_logged_and_recorded(vit_runs):
   """config.steps_per_call=0 is recorded as what the run did (1 on CPUs), in its first log line
-  and its config.json; a resumed run compares configs without it (workdirs.VOLATILE_FIELDS)."""
+  and its config.json; a resumed run compares configs without it (workdir_rules.VOLATILE_FIELDS)."""
   for workdir, k in zip(vit_runs, (1, 4), strict=True):
     assert json.loads((workdir / "config.json").read_text())["steps_per_call"] == k
     log = workdir.with_name(f"{workdir.name}.log").read_text()
@@ -218,7 +220,7 @@ def test_sigterm_saves_within_one_call_and_resumes(vit_runs, image_folder, tmp_p
   step = int(stopped[0].split("after step ")[1].split(":")[0])
   # Calls end at 16, 20, 24, 28 after step 13's: the signal's call, or the next if it came late.
   assert step in (16, 20, 24, 28)
-  assert (workdir / "checkpoints" / str(step) / workdirs.COMMIT_MARKER).exists()
+  assert (workdir / "checkpoints" / str(step) / workdir_rules.COMMIT_MARKER).exists()
   proc = run(workdir, image_folder, *K4, config=VIT)
   assert f"Resuming from the checkpoint of step {step}" in proc.stderr
   want, got = _train_records(k4), _train_records(workdir)
@@ -248,11 +250,11 @@ def test_a_run_resumes_under_another_steps_per_call_and_from_older_config_files(
   config = load_config("tiny_config")
   saved = json.loads(config.to_json_best_effort())
   config.steps_per_call = 8
-  assert workdirs.changed_fields(saved, config) == []
+  assert workdir_rules.changed_fields(saved, config) == []
   del saved["steps_per_call"]  # config.json of a run from before the field existed.
-  assert workdirs.changed_fields(saved, config) == []
+  assert workdir_rules.changed_fields(saved, config) == []
   config.optim.lr = 0.5
-  assert workdirs.changed_fields(saved, config) == ["optim.lr: 0.001 -> 0.5"]
+  assert workdir_rules.changed_fields(saved, config) == ["optim.lr: 0.001 -> 0.5"]
 
 
 @pytest.mark.slow

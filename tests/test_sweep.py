@@ -12,8 +12,11 @@ import time
 import pytest
 
 from tests.config_files import load_config
-from vitboot_jax import configlib, paper_results
-from vitboot_jax.tools import sweep_report, sweep_runs, sweep_tables
+from vitboot_jax import configlib
+from vitboot_jax.tools.sweep import paper_results
+from vitboot_jax.tools.sweep import report as sweep_report
+from vitboot_jax.tools.sweep import runs as sweep_runs
+from vitboot_jax.tools.sweep import tables as sweep_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

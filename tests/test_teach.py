@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests import runs
-from vitboot_jax import workdirs
+from vitboot_jax.run import workdir_rules
 from vitboot_jax.tools import teach
 
 _FLAGS = (
@@ -57,7 +57,7 @@ def test_teach_runs_both_stages_and_resumes_after_a_kill(image_folder, tmp_path)
     _teach(workdir, image_folder), env=runs.env(1), stderr=subprocess.PIPE, text=True
   )
   deadline = time.monotonic() + 900
-  while not workdirs.has_checkpoint(student) and proc.poll() is None:
+  while not workdir_rules.has_checkpoint(student) and proc.poll() is None:
     assert time.monotonic() < deadline, "the student never saved a checkpoint"
     time.sleep(0.5)
   proc.send_signal(signal.SIGTERM)  # Mid-student: the stage saves and stops, and so does teach.

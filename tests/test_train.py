@@ -16,7 +16,7 @@ from tests.runs import env as _env
 from tests.runs import metrics as _metrics
 from tests.runs import run as _run
 from tests.runs import train_losses as _train_losses
-from vitboot_jax import provenance
+from vitboot_jax.run import provenance
 
 
 @pytest.mark.slow
@@ -178,13 +178,14 @@ def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
 
   import tensorflow_datasets as tfds
 
-  from vitboot_jax import checkpoint, train
+  from vitboot_jax import train
+  from vitboot_jax.checkpoint import checkpointer
   from vitboot_jax.data import prepare
 
   # mock_data swaps in a fake filesystem (process-wide) while tfds builds a dataset; an orbax
   # save running in a background thread at that moment would write into it. Save synchronously.
   monkeypatch.setattr(
-    train.checkpoint, "Checkpointer", functools.partial(checkpoint.Checkpointer, async_save=False)
+    train.checkpoint, "Checkpointer", functools.partial(checkpointer.Checkpointer, async_save=False)
   )
   # mock_data's download_and_prepare is a no-op; the network probe before it would fail offline.
   monkeypatch.setattr(prepare, "_reachable", lambda host: True)

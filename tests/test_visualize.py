@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 from tests import tiny_config
-from vitboot_jax import errors, kernel_sets
+from vitboot_jax import kernel_sets
+from vitboot_jax.base import errors
 from vitboot_jax.models import common
 from vitboot_jax.tools import figures, visualize
 
@@ -329,7 +330,7 @@ def test_a_relative_workdir_reads_and_a_damaged_step_is_refused_by_name(
 ):
   import shutil
 
-  from vitboot_jax import checkpoint_errors
+  from vitboot_jax.checkpoint import failures
 
   shutil.copytree(trained_run[1], tmp_path / "run")
   monkeypatch.chdir(tmp_path)
@@ -340,7 +341,7 @@ def test_a_relative_workdir_reads_and_a_damaged_step_is_refused_by_name(
     key=lambda p: p.stat().st_size,
   )
   data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])  # A truncated copy.
-  with pytest.raises(checkpoint_errors.CorruptCheckpointError) as info:
+  with pytest.raises(failures.CorruptCheckpointError) as info:
     visualize.run(None, "figures", workdir="run", num_images=1)
   message = str(info.value)
   assert isinstance(info.value, errors.UsageError) and "\n" not in message  # Exit 2.

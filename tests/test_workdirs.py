@@ -13,7 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from vitboot_jax import checkpoint, configlib, errors, workdir_claim, workdirs
+from vitboot_jax import configlib
+from vitboot_jax.base import errors
+from vitboot_jax.checkpoint import checkpointer
+from vitboot_jax.run import workdir_claim, workdir_rules
 
 
 def _config(**fields):
@@ -24,60 +27,61 @@ def _config(**fields):
 
 def _write_run(workdir, config, *, checkpoint_step=None, finished=False):
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / workdirs.CONFIG_FILE).write_text(config.to_json_best_effort())
+  (workdir / workdir_rules.CONFIG_FILE).write_text(config.to_json_best_effort())
   if checkpoint_step is not None:
-    step_dir = workdir / workdirs.CHECKPOINT_SUBDIR / str(checkpoint_step)
+    step_dir = workdir / workdir_rules.CHECKPOINT_SUBDIR / str(checkpoint_step)
     step_dir.mkdir(parents=True)
-    (step_dir / workdirs.COMMIT_MARKER).write_text("")
+    (step_dir / workdir_rules.COMMIT_MARKER).write_text("")
   if finished:
-    (workdir / workdirs.FINAL_FILE).write_text(json.dumps({"step": 30, "top1_vit": 0.5}))
+    (workdir / workdir_rules.FINAL_FILE).write_text(json.dumps({"step": 30, "top1_vit": 0.5}))
 
 
 def test_layout_is_where_the_checkpointer_writes(tmp_path):
-  with checkpoint.Checkpointer(tmp_path, async_save=False) as ckpt:
-    assert ckpt.directory == tmp_path / workdirs.CHECKPOINT_SUBDIR
+  with checkpointer.Checkpointer(tmp_path, async_save=False) as ckpt:
+    assert ckpt.directory == tmp_path / workdir_rules.CHECKPOINT_SUBDIR
     ckpt.save(1, {"w": np.zeros(2)}, force=True)
-  assert workdirs.has_checkpoint(tmp_path)  # Through COMMIT_MARKER: the name orbax writes.
+  assert workdir_rules.has_checkpoint(tmp_path)  # Through COMMIT_MARKER: the name orbax writes.
 
 
 def test_fresh_workdir_is_accepted_and_not_created(tmp_path):
-  assert workdirs.check(tmp_path / "a" / "b", _config()) is None
+  assert workdir_rules.check(tmp_path / "a" / "b", _config()) is None
   assert not (tmp_path / "a").exists()
 
 
 def test_without_a_checkpoint_any_config_is_accepted(tmp_path):
   _write_run(tmp_path, _config(num_epochs=5))  # A run that failed before its first save.
-  (tmp_path / workdirs.CHECKPOINT_SUBDIR / "4").mkdir(parents=True)  # An unfinished save.
-  assert not workdirs.has_checkpoint(tmp_path)
-  assert workdirs.check(tmp_path, _config(num_epochs=6)) is None
+  (tmp_path / workdir_rules.CHECKPOINT_SUBDIR / "4").mkdir(parents=True)  # An unfinished save.
+  assert not workdir_rules.has_checkpoint(tmp_path)
+  assert workdir_rules.check(tmp_path, _config(num_epochs=6)) is None
 
 
 def test_unfinished_run_refuses_another_config(tmp_path):
   _write_run(tmp_path, _config(num_epochs=5), checkpoint_step=8)
-  assert workdirs.check(tmp_path, _config(num_epochs=5, log_every_steps=1)) is None
+  assert workdir_rules.check(tmp_path, _config(num_epochs=5, log_every_steps=1)) is None
   with pytest.raises(errors.WorkdirError, match=r"unfinished run .* \(num_epochs: 5 -> 6\)"):
-    workdirs.check(tmp_path, _config(num_epochs=6))
+    workdir_rules.check(tmp_path, _config(num_epochs=6))
 
 
 def test_finished_run_refuses_another_config_and_returns_its_results(tmp_path):
   _write_run(tmp_path, _config(num_epochs=5), checkpoint_step=30, finished=True)
-  assert workdirs.check(tmp_path, _config(num_epochs=5))["top1_vit"] == 0.5
+  assert workdir_rules.check(tmp_path, _config(num_epochs=5))["top1_vit"] == 0.5
   with pytest.raises(errors.WorkdirError, match=r" finished run .* \(num_epochs: 5 -> 6\)"):
-    workdirs.check(tmp_path, _config(num_epochs=6))
+    workdir_rules.check(tmp_path, _config(num_epochs=6))
 
 
 @pytest.mark.parametrize("finished", [False, True])
 def test_checkpoints_without_config_json_are_refused_unless_adopted(tmp_path, finished):
   _write_run(tmp_path, _config(num_epochs=5), checkpoint_step=30, finished=finished)
-  (tmp_path / workdirs.CONFIG_FILE).unlink()
+  (tmp_path / workdir_rules.CONFIG_FILE).unlink()
   with pytest.raises(errors.WorkdirError) as info:
-    workdirs.check(tmp_path, _config(num_epochs=6))
+    workdir_rules.check(tmp_path, _config(num_epochs=6))
   message = str(info.value)
   assert f"--workdir={tmp_path} holds a {'finished' if finished else 'saved'} run" in message
   assert "no config.json" in message and "--adopt_config" in message and "\n" not in message
-  adopted = workdirs.check(tmp_path, _config(num_epochs=6), adopt_config=True)
+  adopted = workdir_rules.check(tmp_path, _config(num_epochs=6), adopt_config=True)
   assert (adopted is not None) == finished
-  assert not (tmp_path / workdirs.CONFIG_FILE).exists()  # The run writes it; the check writes none.
+  # The run writes it; the check writes none.
+  assert not (tmp_path / workdir_rules.CONFIG_FILE).exists()
 
 
 def test_changed_fields_name_each_leaf_with_both_values(tmp_path):
@@ -86,12 +90,12 @@ def test_changed_fields_name_each_leaf_with_both_values(tmp_path):
   _write_run(tmp_path, saved, checkpoint_step=8)
   config = _config(num_epochs=5, mode="joint", log_every_steps=7)
   config.optim.lr = 0.002
-  assert workdirs.changed_fields(json.loads(saved.to_json_best_effort()), config) == [
+  assert workdir_rules.changed_fields(json.loads(saved.to_json_best_effort()), config) == [
     "mode: 'shared' -> 'joint'",
     "optim.lr: 0.001 -> 0.002",
   ]
   with pytest.raises(errors.WorkdirError) as refused:
-    workdirs.check(tmp_path, config)
+    workdir_rules.check(tmp_path, config)
   assert "(mode: 'shared' -> 'joint', optim.lr: 0.001 -> 0.002);" in str(refused.value)
 
 
@@ -101,13 +105,13 @@ def test_changed_fields_beyond_a_few_are_counted(tmp_path):
   config = _config(seed=1, image_size=2, batch_size=3, num_epochs=4, total_steps=5, mode="x")
   config.optim.lr = 7.0
   with pytest.raises(errors.WorkdirError, match=r", and 1 more\); use a new --workdir"):
-    workdirs.check(tmp_path, config)
+    workdir_rules.check(tmp_path, config)
 
 
 def test_workdir_under_a_file(tmp_path):
   (tmp_path / "file").write_text("")
   with pytest.raises(errors.WorkdirError, match="is a file"):
-    workdirs.check(tmp_path / "file" / "run", _config())
+    workdir_rules.check(tmp_path / "file" / "run", _config())
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
@@ -115,7 +119,7 @@ def test_workdir_without_write_permission(tmp_path):
   locked = tmp_path / "locked"
   locked.mkdir(mode=0o500)
   with pytest.raises(errors.WorkdirError, match="cannot be written"):
-    workdirs.check(locked / "run", _config())
+    workdir_rules.check(locked / "run", _config())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,7 +151,7 @@ def test_claim_is_exclusive_and_names_the_holder(tmp_path):
   def second():  # Another thread stands for another run: the first is still running.
     # main's check (before JAX loads), then the claim itself.
     for attempt in (
-      lambda: workdirs.check(tmp_path, _config()),
+      lambda: workdir_rules.check(tmp_path, _config()),
       lambda: workdir_claim.acquire(tmp_path),
     ):
       try:
@@ -172,7 +176,7 @@ def test_processes_of_one_multi_process_run_leave_the_claim_to_process_0(tmp_pat
   claim = workdir_claim.acquire(tmp_path)
   result = []
   thread = threading.Thread(
-    target=lambda: result.append(workdirs.check(tmp_path, _config(), single_process=False))
+    target=lambda: result.append(workdir_rules.check(tmp_path, _config(), single_process=False))
   )
   thread.start()
   thread.join()
@@ -229,7 +233,7 @@ def test_heartbeat_refreshes_and_finds_a_takeover(tmp_path):
     claim.check()
   import jax.numpy as jnp
 
-  with checkpoint.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     with pytest.raises(workdir_claim.WorkdirBusyError):
       ckpt.save(1, {"w": jnp.ones(2)}, force=True)
   claim.release()
@@ -257,8 +261,8 @@ def _data_record(**changes):
 
 def test_resume_on_other_data_is_refused(tmp_path):
   _write_run(tmp_path, _config(), checkpoint_step=8)
-  (tmp_path / workdirs.DATA_FILE).write_text(json.dumps(_data_record()))
-  workdirs.check_data(tmp_path, _data_record())
+  (tmp_path / workdir_rules.DATA_FILE).write_text(json.dumps(_data_record()))
+  workdir_rules.check_data(tmp_path, _data_record())
   fewer = _data_record(
     splits={
       "train": {"examples": 80, "files_sha256": "c"},
@@ -268,16 +272,16 @@ def test_resume_on_other_data_is_refused(tmp_path):
     steps_per_epoch=5,
   )
   with pytest.raises(errors.WorkdirError) as info:
-    workdirs.check_data(tmp_path, fewer)
+    workdir_rules.check_data(tmp_path, fewer)
   message = str(info.value)
   assert "num train examples 160 -> 80" in message and "steps per epoch 10 -> 5" in message
   assert "'train' examples 160 -> 80" in message and "new --workdir" in message
   renamed = _data_record(splits={**_data_record()["splits"], "test": {"examples": 40}})
   with pytest.raises(errors.WorkdirError, match="'test' files differ"):
-    workdirs.check_data(tmp_path, renamed)
+    workdir_rules.check_data(tmp_path, renamed)
   # Without a checkpoint nothing is resumed: the run starts afresh on the new data.
-  shutil.rmtree(tmp_path / workdirs.CHECKPOINT_SUBDIR)
-  workdirs.check_data(tmp_path, fewer)
+  shutil.rmtree(tmp_path / workdir_rules.CHECKPOINT_SUBDIR)
+  workdir_rules.check_data(tmp_path, fewer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,7 +291,8 @@ def test_resume_on_other_data_is_refused(tmp_path):
 def test_remote_metrics_are_flushed_in_chunks(tmp_path, monkeypatch):
   from etils import epath
 
-  from vitboot_jax import files, metrics
+  from vitboot_jax.base import files
+  from vitboot_jax.run import metrics
 
   monkeypatch.setattr(files, "is_local", lambda path: False)  # As for gs://: no appends.
   writes, reads = [], []
@@ -340,7 +345,10 @@ def fake_bucket(tmp_path, monkeypatch):
 
 
 def test_plot_and_sweep_read_a_bucket_workdir(fake_bucket):
-  from vitboot_jax.tools import plot, sweep_report, sweep_runs, sweep_tables
+  from vitboot_jax.tools import plot
+  from vitboot_jax.tools.sweep import report as sweep_report
+  from vitboot_jax.tools.sweep import runs as sweep_runs
+  from vitboot_jax.tools.sweep import tables as sweep_tables
 
   run = fake_bucket / "runs" / "a"
   run.mkdir(parents=True)
@@ -366,7 +374,7 @@ def test_plot_and_sweep_read_a_bucket_workdir(fake_bucket):
 
 def test_startup_of_a_finished_run_logs_its_results_and_touches_no_data(tmp_path, caplog):
   from tests.config_files import load_config
-  from vitboot_jax import startup
+  from vitboot_jax.run import startup
 
   config = load_config("tiny_config")
   config.data.pipeline = "device"  # An image folder needs no TensorFlow on this pipeline.
@@ -386,9 +394,9 @@ def test_a_field_added_at_its_default_is_no_change():
   config = _config(mode="joint")
   saved = json.loads(config.to_json_best_effort())
   del saved["loss"]["feature_until"], saved["agent_frozen"]
-  assert workdirs.changed_fields(saved, config) == []
+  assert workdir_rules.changed_fields(saved, config) == []
   config.loss.feature_until = 0.5
-  assert workdirs.changed_fields(saved, config) == ["loss.feature_until: (unset) -> 0.5"]
+  assert workdir_rules.changed_fields(saved, config) == ["loss.feature_until: (unset) -> 0.5"]
 
 
 def test_a_run_written_before_a_field_existed_reads_back_with_its_default(tmp_path):
@@ -398,8 +406,8 @@ def test_a_run_written_before_a_field_existed_reads_back_with_its_default(tmp_pa
   config.loss.feature = 3.0
   saved = json.loads(config.to_json_best_effort())
   del saved["loss"]["feature_until"], saved["log_every_steps"]  # As an older version wrote it.
-  (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(saved))
-  read = workdirs.read_config(tmp_path)
+  (tmp_path / workdir_rules.CONFIG_FILE).write_text(json.dumps(saved))
+  read = workdir_rules.read_config(tmp_path)
   defaults = configlib.base_config()
   assert read.loss.feature_until == defaults.loss.feature_until
   assert read.log_every_steps == defaults.log_every_steps

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from tests.config_files import load_config
-from vitboot_jax import hint_variants, kernel_sets, optim, steps
+from vitboot_jax import kernel_sets, optim
+from vitboot_jax.method import hint_variants, steps
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from vitboot_jax.base.errors import ConfigError
 from vitboot_jax.data import randaugment_policy
-from vitboot_jax.errors import ConfigError
 from vitboot_jax.models.choices import (  # noqa: F401
   AGENT_STEMS,
   ATTENTION_INITS,

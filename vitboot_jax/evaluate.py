@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vitboot_jax import losses
+from vitboot_jax.method import losses
 from vitboot_jax.models.build import ModelSet
 
 

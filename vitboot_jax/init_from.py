@@ -25,8 +25,9 @@ import optax
 from absl import logging
 from etils import epath
 
-from vitboot_jax import checkpoint_read, checkpoint_steps, workdirs
+from vitboot_jax.checkpoint import reader, step_dirs
 from vitboot_jax.models import attention_init, pretrained
+from vitboot_jax.run import workdir_rules
 from vitboot_jax.state import TrainState
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin")
@@ -78,11 +79,11 @@ def _read_numpy_file(path: str, suffix: str) -> dict[str, np.ndarray]:
 
 def _orbax_step_dir(path: epath.Path) -> epath.Path:
   """The step directory named by a workdir, its checkpoints/ directory or a step directory."""
-  if (path / workdirs.COMMIT_MARKER).exists():
+  if (path / workdir_rules.COMMIT_MARKER).exists():
     return path
-  if (path / workdirs.CHECKPOINT_SUBDIR).is_dir():
-    path = path / workdirs.CHECKPOINT_SUBDIR
-  steps = checkpoint_steps.complete_steps(path)
+  if (path / workdir_rules.CHECKPOINT_SUBDIR).is_dir():
+    path = path / workdir_rules.CHECKPOINT_SUBDIR
+  steps = step_dirs.complete_steps(path)
   if not steps:
     raise FileNotFoundError(
       f"config.init_from={path} is a directory without a complete orbax checkpoint; give a "
@@ -98,8 +99,8 @@ def _read_orbax_model(
   `path`, and its step directory (`modes`: the modes without it and with it, for the error); a
   damaged step (its files fail the checksums of its save) is refused by name, never replaced by
   an older one."""
-  step_dir = _orbax_step_dir(checkpoint_steps.absolute(path))  # Orbax reads absolute paths only.
-  stored = checkpoint_read.stored_tree(step_dir)
+  step_dir = _orbax_step_dir(step_dirs.absolute(path))  # Orbax reads absolute paths only.
+  stored = reader.stored_tree(step_dir)
   stored = stored if isinstance(stored, dict) else {}
   if stored.get("params", {}).get(name) is None:
     raise ValueError(
@@ -108,7 +109,7 @@ def _read_orbax_model(
     )
   # Only this model's arrays are read, as numpy on the host (the optimizer state is skipped).
   wanted = {c: {name: stored.get(c, {}).get(name, {})} for c in collections}
-  restored = checkpoint_read.read_on_host(step_dir, wanted)
+  restored = reader.read_on_host(step_dir, wanted)
   return step_dir, {c: restored[c][name] for c in collections}
 
 

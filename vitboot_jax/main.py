@@ -34,7 +34,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vitboot_jax import cli, errors, quiet
+from vitboot_jax.base import cli, errors, library_logs
 from vitboot_jax.cpu import devices as cpu_devices
 from vitboot_jax.cpu import features as cpu_features
 from vitboot_jax.cpu import host_memory
@@ -98,8 +98,8 @@ def main(argv):
   if _PRINT_CONFIG.value:
     print(config)
     return
-  quiet.libraries()
-  from vitboot_jax import startup
+  library_logs.libraries()
+  from vitboot_jax.run import startup
 
   # The user's mistakes, in seconds: before JAX loads and before anything is written.
   split = None
@@ -139,22 +139,23 @@ def main(argv):
     )
     if bf16_warning:
       logging.warning("%s", bf16_warning)
-  from vitboot_jax import checkpoint_errors, ending, preemption
+  from vitboot_jax.checkpoint import failures
+  from vitboot_jax.run import failing, preemption
 
-  with ending.watching():  # One process's failure ends every process, with its line.
+  with failing.watching():  # One process's failure ends every process, with its line.
     try:
       train.train_and_evaluate(config, _WORKDIR.value, checked=True)
     except errors.UsageError as error:
-      ending.fail(str(error), cli.USAGE_EXIT_CODE)
+      failing.fail(str(error), cli.USAGE_EXIT_CODE)
     except preemption.Preempted as stopped:
       logging.warning("%s", stopped)
       sys.exit(stopped.exit_code)
-    except (train.NonFiniteError, train.WriteError, checkpoint_errors.CheckpointError) as error:
-      ending.fail(str(error), 1)  # The message names the step, the files and the fix.
+    except (train.NonFiniteError, train.WriteError, failures.CheckpointError) as error:
+      failing.fail(str(error), 1)  # The message names the step, the files and the fix.
     except Exception as error:
       if jax.process_count() == 1:
         raise
-      ending.fail_unforeseen(error)  # Another process's line first, if it failed first.
+      failing.fail_unforeseen(error)  # Another process's line first, if it failed first.
 
 
 if __name__ == "__main__":

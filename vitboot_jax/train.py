@@ -24,22 +24,19 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from vitboot_jax import (
-  checkpoint,
-  checkpoint_errors,
-  configlib,
-  evaluate,
+from vitboot_jax import configlib, evaluate, sharding
+from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.checkpoint import checkpointer, failures
+from vitboot_jax.data import loop_feed, workdir_record
+from vitboot_jax.run import (
   metrics,
   preemption,
   progress,
   provenance,
-  sharding,
   startup,
   workdir_claim,
-  workdirs,
+  workdir_rules,
 )
-from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.data import loop_feed, workdir_record
 from vitboot_jax.state import TrainState
 
 
@@ -86,7 +83,7 @@ class _FiniteCheck:
   call before anything is saved, so a non-finite state is never written.
   """
 
-  def __init__(self, ckpt: checkpoint.Checkpointer):
+  def __init__(self, ckpt: checkpointer.Checkpointer):
     self._ckpt = ckpt
     self._pending: tuple[int, int, dict[str, jax.Array]] | None = None
 
@@ -146,7 +143,7 @@ class _Loop:
     config: ml_collections.ConfigDict,
     feed: loop_feed.Feed,
     trainer: trainer_lib.Trainer,
-    ckpt: checkpoint.Checkpointer,
+    ckpt: checkpointer.Checkpointer,
     writer: metrics.MetricWriter,
     progress_log: progress.Progress,
   ):
@@ -247,13 +244,13 @@ def train_and_evaluate(
   )  # What each jitted call takes: host batches or device data.
   info = feed.info
   data_record = workdir_record.data_fingerprint(config, info)
-  workdirs.check_data(workdir, data_record)  # No resume on other data.
+  workdir_rules.check_data(workdir, data_record)  # No resume on other data.
   feed.check_eval_split()  # Bad test images fail now.
   steps_per_epoch = info.steps_per_epoch
   total_steps = configlib.total_steps(config, steps_per_epoch)
   trainer = trainer_lib.build(config, mesh, steps_per_epoch)
 
-  ckpt = checkpoint.Checkpointer(
+  ckpt = checkpointer.Checkpointer(
     workdir, keep=config.keep_checkpoints, save_every_steps=config.checkpoint_every_steps
   )
   restored = ckpt.restore_latest(trainer.abstract_state)
@@ -275,11 +272,11 @@ def train_and_evaluate(
     if restored is None:  # What a resume started from stays as its fresh start recorded it.
       sources = startup.source_warnings(config)
     else:
-      sources = workdirs.saved_config(workdir).get(workdirs.SOURCE_WARNINGS, [])
+      sources = workdir_rules.saved_config(workdir).get(workdir_rules.SOURCE_WARNINGS, [])
     if sources:
-      recorded[workdirs.SOURCE_WARNINGS] = sources
-    metrics.write_json(workdir / workdirs.CONFIG_FILE, recorded)
-    metrics.write_json(workdir / workdirs.DATA_FILE, data_record)
+      recorded[workdir_rules.SOURCE_WARNINGS] = sources
+    metrics.write_json(workdir / workdir_rules.CONFIG_FILE, recorded)
+    metrics.write_json(workdir / workdir_rules.DATA_FILE, data_record)
     # Which code and libraries ran each part of the run, so a result can name its own commit.
     run_code = provenance.record_launch(
       workdir,
@@ -358,11 +355,11 @@ def train_and_evaluate(
   if jax.process_index() == 0:
     try:
       with _writes_named(workdir, ckpt):
-        metrics.write_json(workdir / workdirs.FINAL_FILE, final)
+        metrics.write_json(workdir / workdir_rules.FINAL_FILE, final)
     except WriteError as error:
       failure = error
   # Process 0 alone writes final.json: every process learns how that went before any leaves.
-  failure = checkpoint_errors.agreed("train.final", failure)
+  failure = failures.agreed("train.final", failure)
   if failure is not None:
     raise failure
   writer.close()
@@ -373,7 +370,7 @@ def train_and_evaluate(
 
 
 @contextlib.contextmanager
-def _writes_named(workdir: epath.Path, ckpt: checkpoint.Checkpointer) -> Iterator[None]:
+def _writes_named(workdir: epath.Path, ckpt: checkpointer.Checkpointer) -> Iterator[None]:
   """A failed write of the run's own files is one line; where a background save failed first
   (the disk filled under it), that save is what the line names."""
   try:

@@ -16,8 +16,9 @@ import jax
 import ml_collections
 import optax
 
-from vitboot_jax import evaluate, hint_variants, init_from, kernel_sets, optim, sharding, steps
+from vitboot_jax import evaluate, init_from, kernel_sets, optim, sharding
 from vitboot_jax.data import device_pipeline, step_preprocess
+from vitboot_jax.method import hint_variants, steps
 from vitboot_jax.models.build import ModelSet, build_models
 from vitboot_jax.models.kernels import Kernels
 from vitboot_jax.state import TrainState, create_state

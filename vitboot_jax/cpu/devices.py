@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from vitboot_jax import errors
+from vitboot_jax.base import errors
 
 # Each device holds a replica of the train state; beyond 8 replicas the memory cost is unmeasured.
 MAX_AUTO_DEVICES = 8

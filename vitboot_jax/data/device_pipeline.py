@@ -31,7 +31,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vitboot_jax import errors, sharding
+from vitboot_jax import sharding
+from vitboot_jax.base import errors
 from vitboot_jax.data import read_folders, read_npz, splits, step_preprocess
 from vitboot_jax.data.splits import DatasetInfo
 

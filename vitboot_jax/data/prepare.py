@@ -21,7 +21,7 @@ import urllib.parse
 import ml_collections
 from absl import logging
 
-from vitboot_jax import errors, quiet
+from vitboot_jax.base import errors, library_logs
 from vitboot_jax.data import read_npz
 
 PREPARE_COMMAND = "python -m vitboot_jax.tools.prepare_data {name} --data_dir={data_dir}"
@@ -71,7 +71,7 @@ def download_and_prepare(builder) -> None:
   if host is not None and not _reachable(host):
     raise errors.DataError(_offline_message(name, root, f"no connection to {host}"))
   logging.info("Downloading and preparing tfds dataset %r in %s (once).", name, root)
-  quiet.import_tensorflow()  # tfds would import it, start-up chatter included.
+  library_logs.import_tensorflow()  # tfds would import it, start-up chatter included.
   try:
     builder.download_and_prepare()
   except Exception as error:

@@ -16,7 +16,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vitboot_jax import configlib, errors
+from vitboot_jax import configlib
+from vitboot_jax.base import errors
 from vitboot_jax.data import splits
 from vitboot_jax.data.splits import UnreadableImageError
 

@@ -10,7 +10,7 @@ import os
 import ml_collections
 import numpy as np
 
-from vitboot_jax import errors, files
+from vitboot_jax.base import errors, files
 from vitboot_jax.data import splits
 
 NPZ_LAYOUT = (

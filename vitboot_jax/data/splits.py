@@ -13,7 +13,8 @@ import dataclasses
 import ml_collections
 import numpy as np
 
-from vitboot_jax import configlib, errors
+from vitboot_jax import configlib
+from vitboot_jax.base import errors
 
 # The sources that need neither TensorFlow nor tfds when config.data.pipeline="device".
 ARRAY_SOURCES = ("folder", "npz")

@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import ml_collections
 
-from vitboot_jax import configlib, quiet
+from vitboot_jax import configlib
+from vitboot_jax.base import library_logs
 from vitboot_jax.data.step_preprocess import (  # One definition for both pipelines.
   AUGMENT_STREAM,
   CIFAR_PAD,
@@ -25,7 +26,7 @@ from vitboot_jax.data.step_preprocess import (  # One definition for both pipeli
   IMAGENET_SCALE,
 )
 
-tf = quiet.import_tensorflow()  # Quietly, and off every accelerator.
+tf = library_logs.import_tensorflow()  # Quietly, and off every accelerator.
 
 
 TrainFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]

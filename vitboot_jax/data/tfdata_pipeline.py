@@ -31,7 +31,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from vitboot_jax import configlib, errors
+from vitboot_jax import configlib
+from vitboot_jax.base import errors
 from vitboot_jax.data import (
   splits,
   step_preprocess,

@@ -12,7 +12,7 @@ import os
 import ml_collections
 import numpy as np
 
-from vitboot_jax import errors, quiet
+from vitboot_jax.base import errors, library_logs
 from vitboot_jax.data import (
   read_folders,
   read_npz,
@@ -21,7 +21,8 @@ from vitboot_jax.data import (
   tfdata_undecodable,
 )
 
-tf = quiet.import_tensorflow()  # Quietly, and off every accelerator: JAX's memory stays JAX's.
+# Quietly, and off every accelerator: JAX's memory stays JAX's.
+tf = library_logs.import_tensorflow()
 import tensorflow_datasets as tfds  # noqa: E402  (after TensorFlow is set up)
 
 AUTOTUNE = tf.data.AUTOTUNE

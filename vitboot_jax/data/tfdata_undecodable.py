@@ -9,10 +9,11 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
-from vitboot_jax import configlib, errors, quiet
+from vitboot_jax import configlib
+from vitboot_jax.base import errors, library_logs
 from vitboot_jax.data import read_folders, splits, tfdata_augment
 
-tf = quiet.import_tensorflow()  # Quietly, and off every accelerator.
+tf = library_logs.import_tensorflow()  # Quietly, and off every accelerator.
 
 
 def _decoded_shapes(paths: np.ndarray) -> dict[str, tuple[int, ...]]:

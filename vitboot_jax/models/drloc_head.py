@@ -3,8 +3,8 @@
 Per image, pairs of cells of the final k x k token grid are fed (concatenated) to a small MLP f
 that regresses (or classifies) their 2-D offset. This file holds what is part of the model: the
 grid a model's block output gives (`tokens_to_grid`, `pool_grid`), the head f and its params.
-Sampling pairs and the loss on f's predictions are in vitboot_jax/drloc.py, with the other loss
-terms.
+Sampling pairs and the loss on f's predictions are in vitboot_jax/method/drloc.py, with the other
+loss terms.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vitboot_jax import files
+from vitboot_jax.base import files
 from vitboot_jax.models import attention_params
 from vitboot_jax.models.attention_params import Params
 

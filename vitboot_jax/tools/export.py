@@ -34,7 +34,9 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
-from vitboot_jax import cli, configlib, errors, files, workdirs
+from vitboot_jax import configlib
+from vitboot_jax.base import cli, errors, files
+from vitboot_jax.run import workdir_rules
 
 FORMATS = ("timm", "official")
 SUFFIX = ".safetensors"
@@ -53,28 +55,28 @@ class Run:
 
 def read_run(workdir: str, step: int | None = None) -> Run:
   """The config and the ViT/agent weights of `workdir`'s newest complete step (or `step`)."""
-  from vitboot_jax import checkpoint_read, checkpoint_steps
+  from vitboot_jax.checkpoint import reader, step_dirs
 
-  root = checkpoint_steps.absolute(workdir)  # Orbax reads absolute paths only; users type relative.
-  config = workdirs.read_config(root)
-  directory = root / workdirs.CHECKPOINT_SUBDIR
-  steps = checkpoint_steps.complete_steps(directory)
+  root = step_dirs.absolute(workdir)  # Orbax reads absolute paths only; users type relative.
+  config = workdir_rules.read_config(root)
+  directory = root / workdir_rules.CHECKPOINT_SUBDIR
+  steps = step_dirs.complete_steps(directory)
   if not steps:
     raise errors.WorkdirError(
       f"--workdir={workdir} holds no complete checkpoint ({directory}/<step>/"
-      f"{workdirs.COMMIT_MARKER}); export once the run has saved one"
+      f"{workdir_rules.COMMIT_MARKER}); export once the run has saved one"
     )
   if step is None:
     step = steps[-1]
   elif step not in steps:
     raise errors.WorkdirError(f"--step={step} is not a complete checkpoint of {workdir}: {steps}")
   step_dir = directory / str(step)
-  stored = checkpoint_read.stored_tree(step_dir)  # Verifies the step: a damaged one is refused.
+  stored = reader.stored_tree(step_dir)  # Verifies the step: a damaged one is refused.
   wanted = {
     "params": {k: v for k, v in stored["params"].items() if k in ("vit", "agent")},
     "batch_stats": {k: v for k, v in (stored.get("batch_stats") or {}).items() if k == "agent"},
   }
-  restored = checkpoint_read.read_on_host(step_dir, wanted) if wanted["params"] else wanted
+  restored = reader.read_on_host(step_dir, wanted) if wanted["params"] else wanted
   left_out = sorted(k for k in stored["params"] if k.startswith("drloc_"))
   return Run(config, step, restored["params"], restored.get("batch_stats") or {}, left_out)
 
@@ -289,9 +291,9 @@ def define_flags() -> None:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {argv[1:]}")
-  from vitboot_jax import quiet
+  from vitboot_jax.base import library_logs
 
-  quiet.libraries()
+  library_logs.libraries()
   output = _FLAGS["output"].value
   try:
     summary = export(_FLAGS["workdir"].value, _FLAGS["format"].value, output, _FLAGS["step"].value)

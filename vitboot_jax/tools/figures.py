@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from vitboot_jax import quiet
+from vitboot_jax.base import library_logs
 from vitboot_jax.tools import plot
 
 
 def _tf():
   """TensorFlow for PNGs only when one is written: the tools that read maps or tokens
   (representations, hessian) run on accelerator hosts without it."""
-  return quiet.import_tensorflow()
+  return library_logs.import_tensorflow()
 
 
 # Smallest side of one tile in a figure: a 32-px image or a 4x4 token map is unreadable as is.

@@ -37,7 +37,7 @@ import numpy as np
 from absl import app, flags, logging
 from etils import epath
 
-from vitboot_jax import metrics
+from vitboot_jax.run import metrics
 
 MODEL_STYLES = {"vit": "-", "agent": "--", "cnn": ":"}
 MODEL_LABELS = {"vit": "ViT", "agent": "agent", "cnn": "CNN"}

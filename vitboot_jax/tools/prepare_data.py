@@ -24,7 +24,7 @@ import sys
 import numpy as np
 from absl import app, flags, logging
 
-from vitboot_jax import cli, errors, quiet
+from vitboot_jax.base import cli, errors, library_logs
 
 _DATA_DIR = flags.DEFINE_string(
   "data_dir", None, "tfds data directory (default: tfds' own), or the image folder's root."
@@ -100,7 +100,7 @@ def pack_npz(
 def main(argv):
   if len(argv) != 2:
     cli.fail("give one tfds dataset name, e.g. prepare_data cifar10 --data_dir=DIR")
-  quiet.libraries()
+  library_logs.libraries()
   name = argv[1]
   if name == "folder":
     if not _NPZ_DIR.value or not _DATA_DIR.value:
@@ -112,7 +112,7 @@ def main(argv):
     print(f"Packed: {', '.join(paths)}\nTrain on it with --config.data.name=npz ", end="")
     print(f"--config.data.dir={_NPZ_DIR.value}")
     return
-  quiet.import_tensorflow()
+  library_logs.import_tensorflow()
   try:
     path = prepare(name, _DATA_DIR.value)
     if _NPZ_DIR.value:

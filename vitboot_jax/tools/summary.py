@@ -19,7 +19,8 @@ import ml_collections
 from absl import app
 from ml_collections import config_flags
 
-from vitboot_jax import configlib, kernel_sets, quiet
+from vitboot_jax import configlib, kernel_sets
+from vitboot_jax.base import library_logs
 from vitboot_jax.models import costs, sharing
 from vitboot_jax.models.build import build_models
 
@@ -65,7 +66,7 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
-  quiet.libraries()  # JAX's backend start-up logs its probe of libtpu.
+  library_logs.libraries()  # JAX's backend start-up logs its probe of libtpu.
   summary = summarise(_CONFIG.value)
   for name, row in summary.items():
     print(

@@ -19,8 +19,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from vitboot_jax import cli
-from vitboot_jax.tools import sweep_runs
+from vitboot_jax.base import cli
+from vitboot_jax.tools.sweep import runs as sweep_runs
 
 STUDENTS = {
   "corr": "mode=joint,frozen=1,form=corr",  # KD + the correlation hint (teacher_corr).

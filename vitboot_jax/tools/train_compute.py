@@ -21,7 +21,8 @@ from typing import Any
 import ml_collections
 from etils import epath
 
-from vitboot_jax import errors, workdirs
+from vitboot_jax.base import errors
+from vitboot_jax.run import workdir_rules
 
 
 @functools.cache
@@ -50,7 +51,7 @@ def run_compute(workdir: epath.PathLike) -> dict[str, Any] | None:
   workdir = epath.Path(workdir)
   try:
     final = json.loads((workdir / "final.json").read_text())
-    config = workdirs.read_config(workdir).to_dict()  # Fields added since: their defaults.
+    config = workdir_rules.read_config(workdir).to_dict()  # Fields added since: their defaults.
   except (FileNotFoundError, json.JSONDecodeError, errors.WorkdirError):
     return None
   macs = _macs_per_image(json.dumps(config, sort_keys=True))

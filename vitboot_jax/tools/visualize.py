@@ -35,11 +35,14 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from vitboot_jax import checkpoint, cli, configlib, errors, quiet, sharding, workdirs
+from vitboot_jax import configlib, sharding
 from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.base import cli, errors, library_logs
+from vitboot_jax.checkpoint import checkpointer
 from vitboot_jax.data import device_pipeline, step_preprocess
 from vitboot_jax.models import vit as vit_lib
 from vitboot_jax.models.build import ModelSet
+from vitboot_jax.run import workdir_rules
 from vitboot_jax.state import TrainState
 from vitboot_jax.tools import figures
 
@@ -81,13 +84,13 @@ def load_variables(
   if workdir is None:
     state: TrainState = trainer.initial_state()
     return {"params": state.params, "batch_stats": state.batch_stats}, None
-  ckpt_dir = epath.Path(workdir) / workdirs.CHECKPOINT_SUBDIR
+  ckpt_dir = epath.Path(workdir) / workdir_rules.CHECKPOINT_SUBDIR
   if not ckpt_dir.exists():  # Checked first: the Checkpointer would create the directory.
     raise errors.WorkdirError(
-      f"--workdir={workdir} has no {workdirs.CHECKPOINT_SUBDIR}/; train there first, or "
+      f"--workdir={workdir} has no {workdir_rules.CHECKPOINT_SUBDIR}/; train there first, or "
       "give --config instead to look at the freshly initialised model"
     )
-  with checkpoint.Checkpointer(workdir, keep=None, async_save=False, read_only=True) as ckpt:
+  with checkpointer.Checkpointer(workdir, keep=None, async_save=False, read_only=True) as ckpt:
     restored = ckpt.restore_latest(trainer.abstract_state)
   if restored is None:
     raise errors.WorkdirError(f"{ckpt_dir} holds no complete checkpoint to visualise")
@@ -105,7 +108,7 @@ def load_images(
   if image_files:
     from vitboot_jax.data import tfdata_augment  # Image files: TensorFlow decodes them.
 
-    tf = quiet.import_tensorflow()
+    tf = library_logs.import_tensorflow()
     eval_fn = tfdata_augment.make_eval_fn(config)
     images = [eval_fn(tfdata_augment.decode(tf.io.read_file(path))).numpy() for path in image_files]
     return prepare(config, np.stack(images)), list(image_files)
@@ -237,7 +240,7 @@ def run(
   if workdir is None and config is None:
     raise errors.UsageError("give --workdir=RUN (a trained run) or --config=FILE (a fresh init)")
   if workdir is not None:
-    config = workdirs.read_config(workdir)
+    config = workdir_rules.read_config(workdir)
     out_dir = out_dir or os.path.join(workdir, FIGURES_SUBDIR)
   elif not out_dir:
     raise errors.UsageError("--config shows a fresh init: give --out=DIR for its figures")
@@ -311,7 +314,7 @@ def define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  quiet.libraries()  # Restoring a checkpoint logs ~25 orbax INFO lines.
+  library_logs.libraries()  # Restoring a checkpoint logs ~25 orbax INFO lines.
   try:
     result = run(_CONFIG.value, _OUT.value, _WORKDIR.value, _NUM_IMAGES.value, _IMAGES.value)
   except errors.UsageError as error:

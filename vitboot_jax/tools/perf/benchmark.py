@@ -52,12 +52,13 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cli, configlib, errors, evaluate, kernel_sets, sharding
-from vitboot_jax import steps as step_lib
+from vitboot_jax import configlib, evaluate, kernel_sets, sharding
 from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.base import cli, errors
 from vitboot_jax.cpu import devices as cpu_devices
 from vitboot_jax.cpu import features as cpu_features
 from vitboot_jax.cpu import host_memory, matmul
+from vitboot_jax.method import steps as step_lib
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.kernels import Kernels

@@ -4,7 +4,7 @@ r"""What checkpoint integrity costs: saves with and without the checksum record,
     --repeats 3
 
 Builds the config's real train state (parameters and optimizer state, shapes from the trainer,
-values random) and saves it with checkpoint.Checkpointer as train.py does, alternating two
+values random) and saves it with checkpointer.Checkpointer as train.py does, alternating two
 variants in one process: "checksums" (the product: a CRC32 per file recorded in orbax's
 background finalisation) and "none" (the record and its flag switched off, as a step saved before
 issue 55, whose restore reads the item's metadata to learn that and warns). Each variant
@@ -45,8 +45,10 @@ import orbax.checkpoint as ocp
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import checkpoint, checksums, cli, quiet, sharding
+from vitboot_jax import sharding
 from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.base import cli, library_logs
+from vitboot_jax.checkpoint import checkpointer, checksums
 from vitboot_jax.cpu import host_memory
 
 # Defined by `define_flags` when run as a program, so tests can import this module beside other
@@ -132,7 +134,7 @@ class _Trials:
     self.steps = steps
     self.saved = 0
     self.ckpts = {
-      v: checkpoint.Checkpointer(os.path.join(root, v), keep=2, async_save=True) for v in VARIANTS
+      v: checkpointer.Checkpointer(os.path.join(root, v), keep=2, async_save=True) for v in VARIANTS
     }
     floats = lambda x: jax.dtypes.issubdtype(x.dtype, np.floating)
     # Donated like the train step: a save must have copied the arrays before the next step.
@@ -241,7 +243,7 @@ def measure(config: Any, repeats: int, steps: int, directory: str) -> list[dict[
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {argv[1:]}")
-  quiet.libraries()
+  library_logs.libraries()
   directory = _FLAGS["dir"].value or tempfile.mkdtemp(prefix="checkpoint_cost_")
   try:
     for line in measure(

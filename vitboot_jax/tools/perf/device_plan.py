@@ -43,7 +43,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cli, errors, evaluate, kernel_sets, sharding
+from vitboot_jax import evaluate, kernel_sets, sharding
+from vitboot_jax.base import cli, errors
 from vitboot_jax.cpu import host_memory
 from vitboot_jax.data import step_preprocess
 from vitboot_jax.models import kernels as kernels_lib

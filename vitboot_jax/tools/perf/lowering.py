@@ -26,9 +26,10 @@ from absl import app, flags
 from jax import export
 from ml_collections import config_flags
 
-from vitboot_jax import evaluate, hint_variants, kernel_sets, optim
-from vitboot_jax import steps as step_lib
+from vitboot_jax import evaluate, kernel_sets, optim
 from vitboot_jax.data import step_preprocess
+from vitboot_jax.method import hint_variants
+from vitboot_jax.method import steps as step_lib
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 from vitboot_jax.state import create_state

@@ -4,7 +4,7 @@ r"""Host memory over many checkpoint saves, under the allocator settings CPU hos
     --config.image_size=32 --saves 30 --every 3 --rounds 2
 
 Trains the config's train step (jitted and donated as train.py runs it, on a synthetic batch)
-and saves the state with checkpoint.Checkpointer as train.py does (asynchronous, keeping 2),
+and saves the state with checkpointer.Checkpointer as train.py does (asynchronous, keeping 2),
 in one child process per (allocator setting, schedule), the settings alternating round after
 round so the machine's drift hits them alike. Each child runs jemalloc preloaded with the
 setting's MALLOC_CONF, as main re-executes itself on a CPU host (cpu/host_memory.py):
@@ -51,7 +51,7 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from vitboot_jax import cli
+from vitboot_jax.base import cli
 from vitboot_jax.cpu import host_memory
 
 # Defined by `define_flags` when run as a program, so tests can import this module beside other
@@ -116,12 +116,14 @@ def run_schedule(config: Any, schedule: str, saves: int, every: int, directory: 
   import jax
   import numpy as np
 
-  from vitboot_jax import checkpoint, quiet, sharding
+  from vitboot_jax import sharding
   from vitboot_jax import trainer as trainer_lib
+  from vitboot_jax.base import library_logs
+  from vitboot_jax.checkpoint import checkpointer
   from vitboot_jax.cpu import devices as cpu_devices
   from vitboot_jax.tools.perf import benchmark
 
-  quiet.libraries()
+  library_logs.libraries()
   cpu_devices.split_host_for(config)
   mesh = sharding.make_mesh()
   trainer = trainer_lib.build(config, mesh, steps_per_epoch=1000)
@@ -129,7 +131,7 @@ def run_schedule(config: Any, schedule: str, saves: int, every: int, directory: 
   batch = benchmark.synthetic_batch(config, config.batch_size, mesh)
   leaves = jax.tree.leaves(trainer.abstract_state)
   state_bytes = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves)
-  ckpt = checkpoint.Checkpointer(directory, keep=2, async_save=True)
+  ckpt = checkpointer.Checkpointer(directory, keep=2, async_save=True)
   times, cpu_times, faults, rss = [], [], [], []
   try:
     for step in range(1, saves * every + 1):

@@ -7,8 +7,8 @@ r"""Runs the rows of a table, each into its own workdir, and reports ours beside
   python -m vitboot_jax.tools.sweep --table=cifar10 --markdown   # the paper's numbers only
 
 A table is data: rows, each a config file with its args ("configs/<file>.py:<args>"), the models
-whose final top-1 it reports, and the paper's top-1 of each (vitboot_jax/paper_results.py).
-Tables (sweep_tables.py, the tables' data; sweep_runs.py runs their rows, sweep_report.py
+whose final top-1 it reports, and the paper's top-1 of each (sweep/paper_results.py).
+Tables (sweep/tables.py, the tables' data; sweep/runs.py runs their rows, sweep/report.py
 reads the results into tables and figures; this module is the command line):
   * cifar10, cifar100 (paper Table 1), imagenet (Table 3), ablation (Tables 4 and 5): the paper's
     rows at the paper's scale. Every row names the recipe it runs ("recipe" column): the authors'
@@ -71,7 +71,9 @@ import time
 from absl import app, flags
 from etils import epath
 
-from vitboot_jax.tools import sweep_report, sweep_runs, sweep_tables
+from vitboot_jax.tools.sweep import report as sweep_report
+from vitboot_jax.tools.sweep import runs as sweep_runs
+from vitboot_jax.tools.sweep import tables as sweep_tables
 
 _FLAGS = {}
 

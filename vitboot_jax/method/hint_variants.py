@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vitboot_jax import losses
+from vitboot_jax.method import losses
 
 Metrics = dict[str, jax.Array]
 # (groups of loss parts) -> per group (its gradient on the params, on the loss params).

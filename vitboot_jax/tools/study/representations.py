@@ -1,7 +1,7 @@
 r"""What a run's ViT holds in each layer at its checkpoints: how diverse its tokens are.
 
-  python -m vitboot_jax.tools.representations --workdir=workdirs/quickstart --steps=last
-  python -m vitboot_jax.tools.representations --workdir=RUN_A --workdir=RUN_B --steps=200,390
+  python -m vitboot_jax.tools.study.representations --workdir=workdirs/quickstart --steps=last
+  python -m vitboot_jax.tools.study.representations --workdir=RUN_A --workdir=RUN_B --steps=200,390
 
 On --images evaluation images drawn uniformly (seeded; evaluation preprocessing, train=False),
 for each checkpoint step and each ViT block's output (the features the hint compares):
@@ -32,19 +32,13 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from vitboot_jax import (
-  checkpoint,
-  checkpoint_read,
-  cli,
-  configlib,
-  errors,
-  losses,
-  quiet,
-  sharding,
-  workdirs,
-)
+from vitboot_jax import configlib, sharding
 from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.base import cli, errors, library_logs
+from vitboot_jax.checkpoint import checkpointer, reader
+from vitboot_jax.method import losses
 from vitboot_jax.models import vit as vit_lib
+from vitboot_jax.run import workdir_rules
 from vitboot_jax.tools import visualize
 
 
@@ -100,8 +94,8 @@ def read_workdir(
   workdir: str, steps: Sequence[int | str] | None, images: int, seed: int = 0
 ) -> list[dict]:
   """The rows of `workdir`'s checkpoints (every complete one, or `steps`), oldest first."""
-  root, steps = checkpoint_read.steps_to_read(workdir, steps)
-  config = visualize.inspection_config(workdirs.read_config(root))
+  root, steps = reader.steps_to_read(workdir, steps)
+  config = visualize.inspection_config(workdir_rules.read_config(root))
   configlib.validate(config)
   trainer = trainer_lib.build(config, sharding.make_mesh(), steps_per_epoch=1)
   if "vit" not in trainer.models.names:
@@ -116,7 +110,7 @@ def read_workdir(
       ]
     )
   rows = []
-  with checkpoint.Checkpointer(root, keep=None, async_save=False, read_only=True) as ckpt:
+  with checkpointer.Checkpointer(root, keep=None, async_save=False, read_only=True) as ckpt:
     for step in steps:
       state = ckpt.restore(trainer.abstract_state, step)
       (logits, out), probs = forward({"params": state.params["vit"]}, x)
@@ -164,7 +158,7 @@ def print_row(r: dict) -> None:
 def main(argv):
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {argv[1:]}")
-  quiet.libraries()  # Reading a checkpoint logs orbax INFO lines.
+  library_logs.libraries()  # Reading a checkpoint logs orbax INFO lines.
   rows = []
   try:
     for workdir in _WORKDIRS.value:  # Each run's lines once read: a time box keeps them.

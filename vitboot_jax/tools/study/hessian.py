@@ -1,7 +1,7 @@
 r"""The curvature of a model's cross-entropy at a run's checkpoints, plain and as Adam sees it.
 
-  python -m vitboot_jax.tools.hessian --workdir=workdirs/quickstart --steps=200,390
-  python -m vitboot_jax.tools.hessian --workdir=RUN --model=agent --images=512 --iterations=40
+  python -m vitboot_jax.tools.study.hessian --workdir=workdirs/quickstart --steps=200,390
+  python -m vitboot_jax.tools.study.hessian --workdir=RUN --model=agent --images=512 --iterations=40
 
 For each checkpoint step: the largest and the smallest eigenvalue of the Hessian of the model's
 mean cross-entropy over --images evaluation images drawn uniformly (seeded; evaluation
@@ -27,19 +27,13 @@ import optax
 from absl import app, flags
 from jax.flatten_util import ravel_pytree
 
-from vitboot_jax import (
-  checkpoint,
-  cli,
-  configlib,
-  errors,
-  files,
-  metrics,
-  optim,
-  quiet,
-  sharding,
-)
+from vitboot_jax import configlib, optim, sharding
 from vitboot_jax import trainer as trainer_lib
-from vitboot_jax.tools import adam_state, visualize
+from vitboot_jax.base import cli, errors, files, library_logs
+from vitboot_jax.checkpoint import checkpointer
+from vitboot_jax.run import metrics
+from vitboot_jax.tools import visualize
+from vitboot_jax.tools.study import adam_state
 
 
 def lanczos_extremes(
@@ -105,7 +99,7 @@ def curvature(
   x, y = (jnp.asarray(a) for a in visualize.sample_images(config, images))
   schedule = optim.lr_schedule(config.optim, per_epoch, config.num_epochs)
   rows = []
-  with checkpoint.Checkpointer(root, keep=None, async_save=False, read_only=True) as ckpt:
+  with checkpointer.Checkpointer(root, keep=None, async_save=False, read_only=True) as ckpt:
     for step in steps:
       state = ckpt.restore(trainer.abstract_state, step)
       row = _extremes(
@@ -175,7 +169,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not _WORKDIR.value:
     cli.fail("give --workdir=RUN (a training run's workdir)")
-  quiet.libraries()  # Restoring a checkpoint logs orbax INFO lines.
+  library_logs.libraries()  # Restoring a checkpoint logs orbax INFO lines.
   try:
     rows = curvature(_WORKDIR.value, _STEPS.value, _MODEL.value, _IMAGES.value, _ITERATIONS.value)
   except errors.UsageError as error:

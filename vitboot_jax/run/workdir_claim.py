@@ -32,7 +32,7 @@ from typing import Any
 from absl import logging
 from etils import epath
 
-from vitboot_jax import errors, files
+from vitboot_jax.base import errors, files
 
 CLAIM_FILE = "claim.json"
 HEARTBEAT_SECONDS = 60.0
@@ -329,7 +329,7 @@ def held(workdir: epath.PathLike) -> Claim | None:
 
 
 def release_held() -> None:
-  """Releases every claim this process holds, for an exit that skips `atexit` (ending.py)."""
+  """Releases every claim this process holds, for an exit that skips `atexit` (run/failing.py)."""
   with _HELD_LOCK:
     claims = list(_HELD.values())
   for claim in claims:

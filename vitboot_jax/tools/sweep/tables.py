@@ -1,7 +1,7 @@
 """What a sweep table is, and the tables' data: rows of config files with their args, the
-models whose final top-1 each reports and the paper's top-1 of each (vitboot_jax/paper_results.py).
-tools/sweep.py describes every table; sweep_runs.py runs their rows, sweep_report.py reads the
-results into tables and figures.
+models whose final top-1 each reports and the paper's top-1 of each (paper_results.py).
+sweep/__main__.py describes every table; runs.py runs their rows, report.py reads the results
+into tables and figures.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from vitboot_jax import paper_results
+from vitboot_jax.tools.sweep import paper_results
 
 DRLOC_LAMBDA = 0.1
 

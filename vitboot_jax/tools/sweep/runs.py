@@ -1,6 +1,6 @@
 """Running a sweep table's rows: each (row, seed) trains into its own workdir as a subprocess of
 `vitboot_jax.main`, one after another; a signal to the sweep reaches the run in progress, which
-saves and stops the sweep (tools/sweep.py says how it is used).
+saves and stops the sweep (tools/sweep/__main__.py says how it is used).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 
 from etils import epath
 
-from vitboot_jax.tools.sweep_tables import Row, Table, describe, runs
+from vitboot_jax.tools.sweep.tables import Row, Table, describe, runs
 
 DEFAULT_DATA_DIR = "../shared/data/cifar10"
 # The repository root: config paths are relative to it and runs start in it.
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 @dataclasses.dataclass(frozen=True)

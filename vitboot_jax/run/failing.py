@@ -37,7 +37,8 @@ from typing import NoReturn
 
 from absl import logging
 
-from vitboot_jax import cli, errors, workdir_claim
+from vitboot_jax.base import cli, errors
+from vitboot_jax.run import workdir_claim
 
 # The key of the first failure's line and exit code; set once, by the process that failed first.
 _KEY = "vitboot_jax/ending"

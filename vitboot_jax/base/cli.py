@@ -20,7 +20,7 @@ import ml_collections
 from absl import flags
 
 PROG = "python -m vitboot_jax.main"
-CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
+CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[2] / "configs"
 USAGE_EXIT_CODE = 2
 _HELP_FLAGS = ("-h", "-?", "--help", "-help", "--helpshort", "--helpfull", "--helpxml")
 _OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")

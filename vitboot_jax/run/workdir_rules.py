@@ -22,7 +22,9 @@ from typing import Any
 import ml_collections
 from etils import epath
 
-from vitboot_jax import configlib, errors, workdir_claim
+from vitboot_jax import configlib
+from vitboot_jax.base import errors
+from vitboot_jax.run import workdir_claim
 
 CONFIG_FILE = "config.json"
 DATA_FILE = "data.json"

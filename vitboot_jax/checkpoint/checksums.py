@@ -26,8 +26,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from vitboot_jax import errors
-from vitboot_jax.checkpoint_steps import ITEM
+from vitboot_jax.base import errors
+from vitboot_jax.checkpoint.step_dirs import ITEM
 
 # The size and CRC32 of every file of a step, written before its commit marker.
 CHECKSUM_FILE = "checksums.json"

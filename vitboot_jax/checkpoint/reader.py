@@ -16,11 +16,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from vitboot_jax import errors, quiet
-from vitboot_jax.checkpoint_errors import damaged_step_error
-from vitboot_jax.checkpoint_steps import ITEM, absolute, complete_steps
-from vitboot_jax.checksums import verify
-from vitboot_jax.workdirs import CHECKPOINT_SUBDIR
+from vitboot_jax.base import errors, library_logs
+from vitboot_jax.checkpoint.checksums import verify
+from vitboot_jax.checkpoint.failures import damaged_step_error
+from vitboot_jax.checkpoint.step_dirs import ITEM, absolute, complete_steps
+from vitboot_jax.run.workdir_rules import CHECKPOINT_SUBDIR
 
 PyTree = Any
 
@@ -59,7 +59,7 @@ def stored_tree(step_dir: epath.PathLike) -> PyTree:
   Verifies the step's checksums first. Raises CorruptCheckpointError naming the step.
   """
   step_dir = absolute(step_dir)  # Else orbax's refusal of a relative path would read as damage.
-  with quiet.library_failures_held():
+  with library_logs.library_failures_held():
     problem = verify(step_dir)
     if problem is not None:
       raise damaged_step_error(step_dir, problem, complete_steps(step_dir.parent))
@@ -78,7 +78,7 @@ def read_on_host(step_dir: epath.PathLike, wanted: PyTree) -> PyTree:
   numpy, on the host; the rest (e.g. the optimizer state) is not read. Reads only."""
   step_dir = absolute(step_dir)
   handler = ocp.PyTreeCheckpointHandler()
-  with quiet.library_failures_held():
+  with library_logs.library_failures_held():
     try:
       target = jax.tree.map(lambda m: np.empty(m.shape, m.dtype), wanted)
       restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)

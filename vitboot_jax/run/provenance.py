@@ -17,12 +17,12 @@ from typing import Any
 
 from etils import epath
 
-from vitboot_jax import files
+from vitboot_jax.base import files
 
 LAUNCHES_FILE = "launches.jsonl"
 # The libraries whose versions can move a run's numbers.
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _git(*args: str) -> str | None:

@@ -20,8 +20,10 @@ import jax
 import numpy as np
 from etils import epath
 
-from vitboot_jax import errors, sharding, workdir_claim
-from vitboot_jax.workdirs import DAMAGED_SUBDIR
+from vitboot_jax import sharding
+from vitboot_jax.base import errors
+from vitboot_jax.run import workdir_claim
+from vitboot_jax.run.workdir_rules import DAMAGED_SUBDIR
 
 PyTree = Any
 

@@ -1,7 +1,7 @@
 r"""What Adam's moments say about each model's step, at every checkpoint of a run.
 
-  python -m vitboot_jax.tools.adam_state --workdir=workdirs/quickstart
-  python -m vitboot_jax.tools.adam_state --workdir=RUN_A --workdir=RUN_B --steps=200
+  python -m vitboot_jax.tools.study.adam_state --workdir=workdirs/quickstart
+  python -m vitboot_jax.tools.study.adam_state --workdir=RUN_A --workdir=RUN_B --steps=200
 
 Adam divides each coordinate's first moment by the root of its second, a running mean of the
 squared gradient with a memory of about 1 / (1 - b2) steps (1000 at the recipes' b2 = 0.999).
@@ -29,8 +29,10 @@ import numpy as np
 from absl import app, flags
 from etils import epath
 
-from vitboot_jax import checkpoint_read, cli, errors, quiet, workdirs
+from vitboot_jax.base import cli, errors, library_logs
+from vitboot_jax.checkpoint import reader
 from vitboot_jax.optim import owner
+from vitboot_jax.run import workdir_rules
 
 _ADAM_STATE_KEYS = frozenset({"count", "mu", "nu"})
 
@@ -76,9 +78,9 @@ def moment_stats(mu: Any, nu: Any, count: int, b1: float, b2: float, eps: float)
 
 def read_step(step_dir: epath.Path, b1: float, b2: float, eps: float) -> list[dict]:
   """The rows of one checkpoint step: one per model and Adam state."""
-  stored = checkpoint_read.stored_tree(step_dir)
+  stored = reader.stored_tree(step_dir)
   wanted = {part: _arrays_only(stored[part]) for part in ("opt_state", "params")}
-  values = checkpoint_read.read_on_host(step_dir, wanted)
+  values = reader.read_on_host(step_dir, wanted)
   rows = []
   for path, state in adam_states(values["opt_state"]):
     # Under multi_transform (joint mode) each model's chain sits at inner_states/<model>.
@@ -100,14 +102,14 @@ def adam_checkpoints(
 ) -> tuple[epath.Path, Any, epath.Path, list[int]]:
   """(absolute workdir, its config, its checkpoint directory, the steps to read: `steps` or every
   complete one, oldest first) of a run trained with Adam; anything else is one UsageError line."""
-  root, steps = checkpoint_read.steps_to_read(workdir, steps)
-  config = workdirs.read_config(root)
+  root, steps = reader.steps_to_read(workdir, steps)
+  config = workdir_rules.read_config(root)
   if config.optim.name != "adamw":
     raise errors.UsageError(
       f"--workdir={workdir} trained with optim.name={config.optim.name!r}: this tool reads "
       "Adam's state"
     )
-  return root, config, root / workdirs.CHECKPOINT_SUBDIR, steps
+  return root, config, root / workdir_rules.CHECKPOINT_SUBDIR, steps
 
 
 def read_workdir(workdir: str, steps: Sequence[int | str] | None = None) -> list[dict]:
@@ -140,7 +142,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not _WORKDIRS.value:
     cli.fail("give --workdir=RUN (a training run's workdir)")
-  quiet.libraries()  # Reading a checkpoint logs orbax INFO lines.
+  library_logs.libraries()  # Reading a checkpoint logs orbax INFO lines.
   rows = []
   try:
     for workdir in _WORKDIRS.value:

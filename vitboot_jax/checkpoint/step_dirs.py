@@ -27,9 +27,10 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from vitboot_jax import errors, workdir_claim
-from vitboot_jax.checkpoint_errors import CheckpointError, agreed
-from vitboot_jax.workdirs import COMMIT_MARKER, DAMAGED_SUBDIR, INCOMPLETE_SUBDIR
+from vitboot_jax.base import errors
+from vitboot_jax.checkpoint.failures import CheckpointError, agreed
+from vitboot_jax.run import workdir_claim
+from vitboot_jax.run.workdir_rules import COMMIT_MARKER, DAMAGED_SUBDIR, INCOMPLETE_SUBDIR
 
 # The item name the Checkpointer registers its handler under: the step's `default/` directory.
 ITEM = "default"

@@ -26,9 +26,10 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vitboot_jax import align as align_lib
-from vitboot_jax import configlib, drloc, hint_variants, losses
+from vitboot_jax import configlib
 from vitboot_jax.data import recipe_augment
+from vitboot_jax.method import align as align_lib
+from vitboot_jax.method import drloc, hint_variants, losses
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState

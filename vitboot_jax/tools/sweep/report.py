@@ -16,9 +16,11 @@ from typing import Any
 
 from etils import epath
 
-from vitboot_jax import files, paper_results, progress, provenance
-from vitboot_jax.tools.sweep_runs import Settings, absolute, command, row_config, workdir
-from vitboot_jax.tools.sweep_tables import MODEL_LABELS, Table, paper_top1, runs, teacher_run
+from vitboot_jax.base import files
+from vitboot_jax.run import progress, provenance
+from vitboot_jax.tools.sweep import paper_results
+from vitboot_jax.tools.sweep.runs import Settings, absolute, command, row_config, workdir
+from vitboot_jax.tools.sweep.tables import MODEL_LABELS, Table, paper_top1, runs, teacher_run
 
 TABLE_MD = "table.md"
 TABLE_JSON = "table.json"
@@ -263,7 +265,10 @@ def table_markdown(report: dict[str, Any]) -> str:
   lines = [f"# {report['title']}", ""]
   paper_header = " paper top-1 |" if report["paper_source"] else ""
   if report["paper_source"]:
-    lines += [f"Paper top-1: {report['paper_source']} (vitboot_jax/paper_results.py).", ""]
+    lines += [
+      f"Paper top-1: {report['paper_source']} (vitboot_jax/tools/sweep/paper_results.py).",
+      "",
+    ]
   lines += [
     f"Ours: {epochs}, seeds {report['seeds']}; final-epoch top-1 (%) on the test set, "
     "mean ± sample std [min, max] over the finished seeds. Training time: sum over seeds.",

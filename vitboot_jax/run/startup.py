@@ -21,8 +21,10 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from vitboot_jax import configlib, errors, progress, quiet, workdirs
+from vitboot_jax import configlib
+from vitboot_jax.base import errors, library_logs
 from vitboot_jax.data import prepare, splits
+from vitboot_jax.run import progress, workdir_rules
 
 
 def check(
@@ -44,7 +46,9 @@ def check(
     errors.UsageError: what the user must change, named with the fix.
   """
   configlib.validate(config, num_devices=num_devices)
-  final = workdirs.check(workdir, config, single_process=single_process, adopt_config=adopt_config)
+  final = workdir_rules.check(
+    workdir, config, single_process=single_process, adopt_config=adopt_config
+  )
   if final is not None:
     logging.info(
       "%s already holds a finished run of this config; nothing to do. %s",
@@ -52,14 +56,14 @@ def check(
       progress.final_line(final),
     )
     return final
-  if not workdirs.has_checkpoint(workdir):  # A resume reads none of its sources again.
+  if not workdir_rules.has_checkpoint(workdir):  # A resume reads none of its sources again.
     for warning in source_warnings(config):
       logging.warning("%s", warning)
   if splits.uses_tensorflow(config):
     _check_tensorflow_installed(config)
   prepare.ensure(config, may_download=single_process)
   if splits.uses_tensorflow(config):
-    quiet.import_tensorflow()  # Before JAX starts: TensorFlow must not take its GPUs.
+    library_logs.import_tensorflow()  # Before JAX starts: TensorFlow must not take its GPUs.
   return None
 
 
@@ -127,16 +131,16 @@ def _check_source(
   root, step = _run_and_step(path)
   if step is None:
     raise errors.ConfigError(
-      f"{flag}={path} holds no complete checkpoint ({workdirs.CHECKPOINT_SUBDIR}/<step>/"
-      f"{workdirs.COMMIT_MARKER}); {give} that saved one"
+      f"{flag}={path} holds no complete checkpoint ({workdir_rules.CHECKPOINT_SUBDIR}/<step>/"
+      f"{workdir_rules.COMMIT_MARKER}); {give} that saved one"
     )
-  saved = _read_json(root / workdirs.CONFIG_FILE)
+  saved = _read_json(root / workdir_rules.CONFIG_FILE)
   if saved is not None and saved.get("mode") not in modes:
     raise errors.ConfigError(
       f"{flag}={path} is a run of mode {saved.get('mode')!r}, which has no {model}; {give}"
     )
   warnings = []
-  final = _read_json(root / workdirs.FINAL_FILE)
+  final = _read_json(root / workdir_rules.FINAL_FILE)
   last = final.get("step") if final else _planned_steps(saved, root)
   if final is None or step != last:
     of = f" of {last}" if last else ""
@@ -159,24 +163,27 @@ def _check_source(
 def _run_and_step(path: epath.Path) -> tuple[epath.Path, int | None]:
   """The run directory behind `path` (a workdir, its checkpoints/ or one step) and the step a
   start reads from it (None: no complete one)."""
-  if (path / workdirs.COMMIT_MARKER).exists() and path.name.isdigit():
+  if (path / workdir_rules.COMMIT_MARKER).exists() and path.name.isdigit():
     return path.parent.parent, int(path.name)
-  if path.name == workdirs.CHECKPOINT_SUBDIR and not (path / workdirs.CHECKPOINT_SUBDIR).is_dir():
+  if (
+    path.name == workdir_rules.CHECKPOINT_SUBDIR
+    and not (path / workdir_rules.CHECKPOINT_SUBDIR).is_dir()
+  ):
     path = path.parent
   steps = []
-  directory = path / workdirs.CHECKPOINT_SUBDIR
+  directory = path / workdir_rules.CHECKPOINT_SUBDIR
   if directory.is_dir():
     steps = [
       int(e.name)
       for e in directory.iterdir()
-      if e.name.isdigit() and (e / workdirs.COMMIT_MARKER).exists()
+      if e.name.isdigit() and (e / workdir_rules.COMMIT_MARKER).exists()
     ]
   return path, max(steps) if steps else None
 
 
 def _planned_steps(saved: dict[str, Any] | None, root: epath.Path) -> int | None:
   """The steps a run was to train (from its config.json and data.json), or None if unknown."""
-  data = _read_json(root / workdirs.DATA_FILE)
+  data = _read_json(root / workdir_rules.DATA_FILE)
   if saved is None or data is None or "steps_per_epoch" not in data:
     return None
   try:

@@ -1,9 +1,9 @@
 """Checkpoints of the training state: a thin, resume-safe layer over an orbax CheckpointManager.
 
 Layout: `<workdir>/checkpoints/<step>/`, one orbax step directory per saved step; only committed
-steps count, and saves a kill cut short are moved aside at start-up (checkpoint_steps.py). All
+steps count, and saves a kill cut short are moved aside at start-up (step_dirs.py). All
 processes call every method. Whatever one process finds (a damaged step, a failed read, a file in
-the way of a save) every process learns (checkpoint_errors.agreed) before anyone acts, so all
+the way of a save) every process learns (failures.agreed) before anyone acts, so all
 fall back, skip or raise the same line together and none enters a collective another has left.
 
 Writing. `save` never deletes or overwrites a step directory that exists on disk, whoever wrote
@@ -24,8 +24,8 @@ files where they are.
 
 Output. What orbax, tensorstore and asyncio log about a save or restore (hundreds of lines of
 tracebacks for one failure) is held while it is outstanding, dropped when we raise its failure
-in one line and shown when it succeeds (quiet.py). The tools' read-only path is
-checkpoint_read.py; the messages are checkpoint_errors.py.
+in one line and shown when it succeeds (library_logs.py). The tools' read-only path is
+checkpoint/reader.py; the messages are failures.py.
 """
 
 from __future__ import annotations
@@ -41,16 +41,10 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from vitboot_jax import (
-  checkpoint_errors,
-  checkpoint_steps,
-  checksums,
-  errors,
-  quiet,
-  sharding,
-  workdir_claim,
-  workdirs,
-)
+from vitboot_jax import sharding
+from vitboot_jax.base import errors, library_logs
+from vitboot_jax.checkpoint import checksums, failures, step_dirs
+from vitboot_jax.run import workdir_claim, workdir_rules
 
 PyTree = Any
 
@@ -89,17 +83,17 @@ class Checkpointer:
       raise ValueError(f"save_every_steps must be >= 1 or None, got {save_every_steps}.")
     # Orbax refuses relative paths (at the first save, deep inside training), and a user's
     # `--workdir=runs/x` is relative to where they launched.
-    self._workdir = checkpoint_steps.absolute(workdir)
-    self._directory = self._workdir / workdirs.CHECKPOINT_SUBDIR
+    self._workdir = step_dirs.absolute(workdir)
+    self._directory = self._workdir / workdir_rules.CHECKPOINT_SUBDIR
     self._save_every = save_every_steps
-    self._name_format = checkpoint_steps.CommittedStepsFormat()
+    self._name_format = step_dirs.CommittedStepsFormat()
     self._read_only = read_only
     if not read_only:
-      checkpoint_steps.set_aside_incomplete(self._workdir, self._directory)
+      step_dirs.set_aside_incomplete(self._workdir, self._directory)
     # Registered up front so a fresh manager can read a step's metadata before any restore.
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
     for args_type in (ocp.args.StandardSave, ocp.args.StandardRestore):
-      registry.add(checkpoint_steps.ITEM, args_type, checksums.ChecksummedHandler)
+      registry.add(step_dirs.ITEM, args_type, checksums.ChecksummedHandler)
     self._writes_held = False  # A save's library failure reports are held until it settles.
     self._manager = ocp.CheckpointManager(
       self._directory,
@@ -149,9 +143,7 @@ class Checkpointer:
     if not (force or self.should_save(step)):
       return False
     if self._read_only:
-      raise checkpoint_errors.CheckpointError(
-        f"This Checkpointer of {self._directory} is read-only."
-      )
+      raise failures.CheckpointError(f"This Checkpointer of {self._directory} is read-only.")
     try:
       claim = workdir_claim.held(self._workdir)
       if claim is not None:
@@ -159,16 +151,16 @@ class Checkpointer:
       with self._naming_save_failures(step):
         self._check_before_save(step)
       refusal = None
-    except (checkpoint_errors.CheckpointError, workdir_claim.WorkdirBusyError) as error:
+    except (failures.CheckpointError, workdir_claim.WorkdirBusyError) as error:
       refusal = error
     # Orbax's save starts with a barrier of every process: all must enter it, or none.
-    refusal = checkpoint_errors.agreed(f"checkpoint.save.{step}", refusal)
-    if isinstance(refusal, checkpoint_errors.AlreadySaved):
+    refusal = failures.agreed(f"checkpoint.save.{step}", refusal)
+    if isinstance(refusal, failures.AlreadySaved):
       return False
     if refusal is not None:
       raise refusal
     if not self._writes_held:
-      quiet.hold_library_failures()
+      library_logs.hold_library_failures()
       self._writes_held = True
     with self._naming_save_failures(step):
       # Due-ness is decided above; force=True keeps orbax from re-deciding with its own policy.
@@ -181,15 +173,15 @@ class Checkpointer:
     """Raises what stops this process from saving `step` (AlreadySaved: skip it)."""
     if step in self._manager.all_steps():
       logging.info("Checkpoint for step %d already exists; not overwriting it.", step)
-      raise checkpoint_errors.AlreadySaved(str(step))
+      raise failures.AlreadySaved(str(step))
     # Orbax's save replaces an existing directory of the step (it saves with force): look on
     # disk, where another writer (a second Checkpointer, a copy) may have put one since start-up.
-    if checkpoint_steps.has_marker(self.step_dir(step)):
+    if step_dirs.has_marker(self.step_dir(step)):
       logging.warning("Checkpoint %s already exists; not overwriting it.", self.step_dir(step))
-      raise checkpoint_errors.AlreadySaved(str(step))
-    other = checkpoint_steps.foreign_save(self._directory, self._name_format.build_name(step))
+      raise failures.AlreadySaved(str(step))
+    other = step_dirs.foreign_save(self._directory, self._name_format.build_name(step))
     if other is not None:
-      raise checkpoint_errors.foreign_save_error(step, self._directory, other)
+      raise failures.foreign_save_error(step, self._directory, other)
 
   def restore(self, abstract_state: PyTree, step: int) -> PyTree:
     """Restores step `step` with the dtypes and shardings of `abstract_state`.
@@ -205,7 +197,7 @@ class Checkpointer:
       CheckpointMismatchError: The checkpoint is readable but its tree or shapes differ.
       CheckpointError: The files are intact but cannot be restored as requested.
     """
-    with quiet.library_failures_held():  # Any error leaving is ours, in one line.
+    with library_logs.library_failures_held():  # Any error leaving is ours, in one line.
       return self._restore(abstract_state, int(step))
 
   def _restore(self, abstract_state: PyTree, step: int) -> PyTree:
@@ -213,7 +205,7 @@ class Checkpointer:
     if jax.process_index() == 0:  # One reader of the record suffices: the files are shared.
       problem = checksums.verify(self.step_dir(step))
       damage = None if problem is None else self._corrupt(step, problem)
-    damage = checkpoint_errors.agreed(f"checkpoint.verify.{step}", damage)
+    damage = failures.agreed(f"checkpoint.verify.{step}", damage)
     if damage is not None:
       raise damage
     restored, failure = None, None
@@ -222,13 +214,11 @@ class Checkpointer:
     except Exception as error:  # Any failure: classify it and say what to do.
       failure = self._explain_failure(step, abstract_state, error)
       failure.__cause__ = error
-    failures = checkpoint_errors.each_process(f"checkpoint.restore.{step}", failure)
-    process, failure = next(((p, f) for p, f in enumerate(failures) if f is not None), (0, None))
-    if isinstance(failure, checkpoint_errors.CorruptCheckpointError) and process > 0:
+    per_process = failures.each_process(f"checkpoint.restore.{step}", failure)
+    process, failure = next(((p, f) for p, f in enumerate(per_process) if f is not None), (0, None))
+    if isinstance(failure, failures.CorruptCheckpointError) and process > 0:
       # Process 0 moves a damaged step, and it reads this one: one host's say is not damage.
-      failure = checkpoint_errors.unconfirmed_damage_error(
-        self.step_dir(step), process, failure.cause
-      )
+      failure = failures.unconfirmed_damage_error(self.step_dir(step), process, failure.cause)
     if failure is not None:
       raise failure
     return restored
@@ -241,7 +231,7 @@ class Checkpointer:
     """
     handler = ocp.StandardCheckpointHandler()
     try:
-      item = self.step_dir(step) / checkpoint_steps.ITEM
+      item = self.step_dir(step) / step_dirs.ITEM
       return handler.restore(item, args=ocp.args.StandardRestore(target))
     finally:
       handler.close()
@@ -257,13 +247,13 @@ class Checkpointer:
     try:
       metadata = self._manager.item_metadata(step)
       if metadata is None:
-        raise ValueError(f"orbax found no readable item {checkpoint_steps.ITEM!r}")
+        raise ValueError(f"orbax found no readable item {step_dirs.ITEM!r}")
       stored_tree = getattr(metadata, "tree", metadata)
     except Exception as metadata_error:  # Unreadable metadata is damage.
       return self._corrupt(
         step, f"{cause}; reading its metadata failed too: {errors.first_line(metadata_error)}"
       )
-    mismatch = checkpoint_errors.mismatch_error(self.step_dir(step), stored_tree, abstract_state)
+    mismatch = failures.mismatch_error(self.step_dir(step), stored_tree, abstract_state)
     if mismatch is not None:
       return mismatch
     try:  # Read every array into host memory, free of the requested dtypes and shardings.
@@ -273,10 +263,10 @@ class Checkpointer:
       self._read(step, host_target)
     except Exception as read_error:
       return self._corrupt(step, errors.first_line(read_error))
-    return checkpoint_errors.unrestorable_error(self.step_dir(step), cause)
+    return failures.unrestorable_error(self.step_dir(step), cause)
 
-  def _corrupt(self, step: int, cause: str) -> checkpoint_errors.CorruptCheckpointError:
-    return checkpoint_errors.damaged_step_error(self.step_dir(step), cause, self.all_steps())
+  def _corrupt(self, step: int, cause: str) -> failures.CorruptCheckpointError:
+    return failures.damaged_step_error(self.step_dir(step), cause, self.all_steps())
 
   def restore_latest(self, abstract_state: PyTree) -> tuple[PyTree, int] | None:
     """Restores the newest intact checkpoint as `(state, step)`, or returns None if none exists.
@@ -298,15 +288,15 @@ class Checkpointer:
       logging.info("Restoring checkpoint %s.", self.step_dir(step))
       try:
         return self.restore(abstract_state, step), step
-      except checkpoint_errors.CorruptCheckpointError as error:  # Raised on every process.
+      except failures.CorruptCheckpointError as error:  # Raised on every process.
         if self._read_only:
           raise
         problem = error.cause
       damaged.append(f"step {step} ({problem})")
-      checkpoint_steps.set_aside_damaged(self.step_dir(step), problem)
+      step_dirs.set_aside_damaged(self.step_dir(step), problem)
       self._manager.reload()  # Orbax forgets the step moved out of its sight.
     if damaged:
-      raise checkpoint_errors.no_intact_step_error(self._directory, damaged)
+      raise failures.no_intact_step_error(self._directory, damaged)
     return None
 
   def wait(self) -> None:
@@ -331,25 +321,25 @@ class Checkpointer:
     """Turns a failed write (often reported by a background save) into CheckpointSaveError."""
     try:
       yield
-    except checkpoint_errors.CheckpointError:
+    except failures.CheckpointError:
       self._settle_writes(reported=True)
       raise
     except Exception as error:  # Orbax and tensorstore raise many types; each is one line.
       self._settle_writes(reported=True)
       what = f"step {step}" if step is not None else "a checkpoint"
       message = self.write_failure(f"Saving {what} under {self._directory}", error)
-      raise checkpoint_errors.CheckpointSaveError(message) from error
+      raise failures.CheckpointSaveError(message) from error
 
   def _settle_writes(self, reported: bool) -> None:
     if self._writes_held:
       self._writes_held = False
-      quiet.settle_library_failures(reported)
+      library_logs.settle_library_failures(reported)
 
   def write_failure(self, what: str, error: BaseException) -> str:
     """One line for a failed write into the run: `what` (e.g. "Writing RUN/metrics.jsonl"), the
     cause, its fix, and the newest complete checkpoint, from which a re-run resumes."""
     try:
-      complete = [s for s in self.all_steps() if checkpoint_steps.has_marker(self.step_dir(s))]
+      complete = [s for s in self.all_steps() if step_dirs.has_marker(self.step_dir(s))]
     except Exception:  # The directory itself may be unreadable now.
       complete = None
-    return checkpoint_errors.write_failure(what, error, complete)
+    return failures.write_failure(what, error, complete)

@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from vitboot_jax import files
+from vitboot_jax.base import files
 
 try:  # TensorFlow-free: clu's writer would import TensorFlow.
   from tensorboard.compat.proto import (
