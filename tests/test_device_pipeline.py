@@ -291,7 +291,7 @@ def test_data_record_and_test_split_check_need_no_tensorflow(image_folder, npz_d
   code = (
     "import json\n"
     "from tests.config_files import load_config\n"
-    "from vitboot_jax import errors\n"
+    "from vitboot_jax.base import errors\n"
     "from vitboot_jax.data import device_pipeline, splits, workdir_record\n"
     f"config = load_config({TINY!r})\n"
     f"config.data.update(name='folder', dir={str(folder)!r}, pipeline='device')\n"

@@ -176,20 +176,36 @@ def test_models_import_only_the_allowed_modules_of_the_package():
     assert not _package_imports()[allowed], f"{allowed} imports {_package_imports()[allowed]}"
 
 
+def test_the_ground_floor_imports_nothing_else_of_the_package():
+  """base/ is what every wing uses: an import from it into a wing would make a circle."""
+  for name, imported in _package_imports().items():
+    if name.startswith("vitboot_jax.base"):
+      outside = sorted(m for m in imported if not m.startswith("vitboot_jax.base"))
+      assert not outside, f"{name} (the ground floor) imports {outside}"
+
+
+def test_packages_reexport_nothing():
+  """A module has one name: a package's __init__ holds its docstring, never an import."""
+  for name, path in _package_modules().items():
+    if path.stem == "__init__":
+      imports = _imports(path.read_text(), name, is_package=True)
+      assert not imports, f"{name} re-exports {sorted(imports)}"
+
+
 def test_the_models_import_check_counts_every_form_of_import():
   module = "vitboot_jax.models.probe"
   for source, found in [
     ("from vitboot_jax import sharding", "vitboot_jax.sharding"),
     ("import vitboot_jax.optim", "vitboot_jax.optim"),
     ("from vitboot_jax.run.progress import Progress", "vitboot_jax.run.progress"),
-    ("from .. import preemption", "vitboot_jax.run.preemption"),
+    ("from ..run import preemption", "vitboot_jax.run.preemption"),
     ("from ..sharding import make_mesh", "vitboot_jax.sharding"),
     ("from ..cpu import kernels", "vitboot_jax.cpu.kernels"),
     ("import vitboot_jax", "vitboot_jax"),
     ("def f():\n  from .. import optim", "vitboot_jax.optim"),
   ]:
     assert _outside_models(source, module) == [found], source
-  for source in ("from . import vit", "from .vit import ViT", "from vitboot_jax import files"):
+  for source in ("from . import vit", "from .vit import ViT", "from vitboot_jax.base import files"):
     assert not _outside_models(source, module), source
   assert _outside_models("from .. import optim", "vitboot_jax.models", is_package=True) == [
     "vitboot_jax.optim"

@@ -165,7 +165,9 @@ def test_library_info_is_dropped_and_warnings_kept():
 
 @pytest.mark.slow
 def test_tensorflow_starts_quietly():
-  code = "from vitboot_jax import quiet; library_logs.import_tensorflow(); print('imported')"
+  code = (
+    "from vitboot_jax.base import library_logs; library_logs.import_tensorflow(); print('imported')"
+  )
   variables = _env(1)
   variables.pop("TF_CPP_MIN_LOG_LEVEL", None)
   proc = subprocess.run(
