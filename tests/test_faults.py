@@ -561,7 +561,7 @@ def _ended_together(procs, timeout=240):
   return ends.pop(), logs
 
 
-_OUR_ERROR = re.compile(r"^E\d{4} [\d:.]+\s+\d+ (main|ending)\.py:\d+\] ")
+_OUR_ERROR = re.compile(r"^E\d{4} [\d:.]+\s+\d+ (main|failing)\.py:\d+\] ")
 
 
 def _both(logs):
