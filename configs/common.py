@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from vitboot_jax.base.errors import unknown_choice
 from vitboot_jax.data.randaugment_policy import DEIT_POLICY
 
 # Loss weights of each mode, the official configs' values. Joint: ce 1, kd 1, feature 10; shared:
@@ -25,7 +26,7 @@ LOSS_WEIGHTS = {
 def loss_weights(mode: str) -> dict:
   """The official loss weights of `mode` (LOSS_WEIGHTS), with a clear error for a typo."""
   if mode not in LOSS_WEIGHTS:
-    raise ValueError(f"mode={mode!r} is unknown; choose one of {sorted(LOSS_WEIGHTS)}")
+    raise ValueError(unknown_choice("mode", mode, LOSS_WEIGHTS))
   return LOSS_WEIGHTS[mode]
 
 
@@ -34,7 +35,7 @@ def agent_stem(kind: str) -> str:
   ViT-like patch stem, config.agent.stem="patch")."""
   stems = {"res_like": "res_like", "base": "patch"}
   if kind not in stems:
-    raise ValueError(f"agent={kind!r} is unknown; choose 'res_like' or 'base'")
+    raise ValueError(unknown_choice("agent", kind, stems))
   return stems[kind]
 
 
@@ -156,7 +157,7 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   c.agent_frozen = arg.frozen
   c.agent_frozen_eval = arg.teacher_eval
   if arg.distill not in ("none", "hard"):
-    raise ValueError(f"distill={arg.distill!r} is unknown; choose 'none' or 'hard'")
+    raise ValueError(unknown_choice("distill", arg.distill, ("none", "hard")))
   if arg.distill == "hard":
     c.model.distill_token = True
     c.loss.ce_vit = c.loss.distill_vit = 0.5
@@ -168,7 +169,7 @@ def recipe(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None
   smoothing=S, drop_path=R (the ViT's, and the agent's where the agent trains: not a frozen
   teacher)."""
   if arg.recipe not in RECIPES:
-    raise ValueError(f"recipe={arg.recipe!r} is unknown; choose one of {sorted(RECIPES)}")
+    raise ValueError(unknown_choice("recipe", arg.recipe, RECIPES))
   values = dict(RECIPES[arg.recipe])
   for name in values:
     if arg[name] is not None:
@@ -232,7 +233,7 @@ def dataset(name: str, subset: float = 0.1) -> dict:
     return cifar(name)
   if name == "imagenet":
     return imagenet(subset)
-  raise ValueError(f"dataset={name!r} is unknown; choose cifar10, cifar100 or imagenet")
+  raise ValueError(unknown_choice("dataset", name, ("cifar10", "cifar100", "imagenet")))
 
 
 def cifar10_32px() -> dict:

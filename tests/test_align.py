@@ -188,10 +188,6 @@ def test_combine_hand_computed():
   # No conflict: shared entries are the plain average.
   out, _ = align.combine(g_vit, dict(g_agent, shared=jnp.array([3.0, 1.0])), mask)
   np.testing.assert_allclose(out["shared"], [2.0, 0.5])
-  with pytest.raises(ValueError, match="config.align"):
-    align.combine(g_vit, g_agent, mask, method="mgda")
-  with pytest.raises(ValueError, match="config.align_granularity"):
-    align.combine(g_vit, g_agent, mask, granularity="per_row")
 
 
 def test_combine_partial_leaf_mask():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests import tolerances
-from vitboot_jax.models import efficientnet, resnet
+from vitboot_jax.models import build, choices, efficientnet, resnet
 
 count = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
 dtypes = lambda tree: {x.dtype for x in jax.tree.leaves(tree)}
@@ -83,6 +83,10 @@ def resnet_setup():
 def effnet_setup():
   model = tiny_effnet(drop_rate=0.3, drop_path_rate=0.2)
   return model, filled_variables(model), compiled_step(model)
+
+
+def test_the_config_check_allows_exactly_the_baselines_built():
+  assert tuple(build.CNN_BASELINES) == choices.CNNS
 
 
 # -- sizes -----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import pytest
 from configs import common
 from tests.config_files import load_config
 from vitboot_jax import configlib
+from vitboot_jax.base.errors import ConfigError, unknown_choice
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parents[1] / "configs").glob("*.py"))
 
@@ -38,3 +39,27 @@ def test_args_are_typed_and_unknown_args_fail():
     load_config("vits_cifar100", "mode=jiont")
   with pytest.raises(ValueError, match=r"agent='small' is unknown"):
     load_config("vitb_cifar10", "agent=small")
+
+
+@pytest.mark.parametrize("field", sorted(configlib.CHOICES))
+def test_every_choice_is_refused_by_validate_in_one_message(field):
+  config = load_config("quickstart", "mode=joint")
+  *blocks, key = field.split(".")
+  parent = config
+  for block in blocks:
+    parent = parent[block]
+  parent[key] = "bogus"
+  with pytest.raises(ConfigError) as error:
+    configlib.validate(config)
+  assert str(error.value) == unknown_choice(f"config.{field}", "bogus", configlib.CHOICES[field])
+  assert str(error.value).startswith(f"config.{field}='bogus' is unknown; choose one of '")
+
+
+def test_every_choice_default_is_allowed_or_a_required_placeholder():
+  defaults, required = configlib.base_config(), set(configlib.REQUIRED)
+  required.update(*configlib.REQUIRED_BY_MODE.values())
+  for field, allowed in configlib.CHOICES.items():
+    value = defaults
+    for key in field.split("."):
+      value = value[key]
+    assert value in allowed or (value == "" and field in required), field

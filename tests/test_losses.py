@@ -278,10 +278,6 @@ def test_feature_loss_rejects_non_integer_ratios():
     losses.feature_loss(
       np.zeros((1, 1 + 12, 4), np.float32), np.zeros((1, 2, 3, 4), np.float32), adapt="pool2d"
     )
-  with pytest.raises(ValueError, match="feature_loss"):
-    losses.feature_loss(vit, np.zeros((1, 14, 14, 4), np.float32), formula="cosine")
-  with pytest.raises(ValueError, match="adapt"):
-    losses.feature_loss(vit, np.zeros((1, 14, 14, 4), np.float32), adapt="bilinear")
 
 
 def test_feature_losses_sum_over_layers():
@@ -319,8 +315,6 @@ def test_feature_weight_per_step_is_continuous():
   np.testing.assert_allclose(w, 1 - steps / (spe * epochs), rtol=1e-6, atol=1e-7)
   # Strictly decreasing by the same amount every step (no plateaus).
   np.testing.assert_allclose(np.diff(w), -1 / (spe * epochs), rtol=1e-4)
-  with pytest.raises(ValueError, match="feature_decay"):
-    losses.feature_weight(0, spe, epochs, per="iteration")
 
 
 @pytest.mark.parametrize("name", ["shared_res_h9", "shared_vitstem_h9"])

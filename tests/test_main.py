@@ -77,6 +77,11 @@ def _assert_usage_error(proc, *needles, lines=1):
     ([f"--config={QUICKSTART}", "--config.batch_size=abc"], ["--config.batch_size=abc"]),
     ([f"--config={QUICKSTART}:mode=bootstrap"], ["mode='bootstrap' is unknown"]),
     ([f"--config={QUICKSTART}", "--config.mode=bootstrap"], ["config.mode='bootstrap'"]),
+    (
+      [f"--config={QUICKSTART}", "--config.optim.name=lamb"],
+      ["config.optim.name='lamb' is unknown; choose one of 'adamw', 'sgd'"],
+    ),
+    ([f"--config={QUICKSTART}", "--config.drloc.pool=half"], ["config.drloc.pool='half'"]),
     ([f"--config={QUICKSTART}:mode=vit,form=paper"], ["mode 'vit'", "has no feature term"]),
     ([f"--config={QUICKSTART}:recipe=deitt"], ["recipe='deitt' is unknown", "'deit'"]),
     (

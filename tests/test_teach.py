@@ -43,7 +43,7 @@ def test_stage_commands_set_each_stage_and_refuse_what_they_set(tmp_path):
   assert kd[3].endswith("quickstart.py:mode=joint,frozen=1,feature=0")
   with pytest.raises(ValueError, match="sets mode"):
     teach.stage_commands("configs/quickstart.py:mode=vit", str(tmp_path))
-  with pytest.raises(ValueError, match="--student=distil is unknown"):
+  with pytest.raises(ValueError, match="--student='distil' is unknown"):
     teach.stage_commands("configs/quickstart.py", str(tmp_path), "distil")
   with pytest.raises(ValueError, match="sets it for each stage"):
     teach.stage_commands("configs/quickstart.py", str(tmp_path), extra=["--config.mode=vit"])

@@ -255,16 +255,17 @@ def test_errors(folder, tmp_path):
     tfdata_pipeline.dataset_info(make_config(tmp_path, num_classes=1))
   with pytest.raises(ValueError, match="set --config.data.num_classes=3"):
     tfdata_pipeline.dataset_info(make_config(folder, num_classes=10))
-  bad_fraction = load_config("tiny_config")
-  bad_fraction.data.train_fraction = 1.5
+  bad = load_config("tiny_config")
+  bad.data.train_fraction = 1.5
   with pytest.raises(ValueError, match="config.data.train_fraction"):
-    configlib.validate(bad_fraction)  # Checked once, at entry.
+    configlib.validate(bad)  # Checked once, at entry.
   with pytest.raises(ValueError, match="config.batch_size=6 .* multiple of 4"):
     tfdata_pipeline.train_batches(make_config(folder), process_index=0, process_count=4)
   with pytest.raises(ValueError, match="config.data.eval_batch_size"):
     tfdata_pipeline.eval_batches(make_config(folder), process_index=0, process_count=3)
-  with pytest.raises(ValueError, match="config.data.augment"):
-    tfdata_pipeline.train_batches(make_config(folder, augment="randaugment"))
+  bad.data.update(train_fraction=1.0, augment="randaugment")
+  with pytest.raises(ValueError, match="config.data.augment='randaugment' is unknown"):
+    configlib.validate(bad)
   big = make_config(folder)
   big.batch_size = 64
   with pytest.raises(ValueError, match="config.batch_size=64 is larger"):

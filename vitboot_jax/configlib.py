@@ -10,26 +10,22 @@ from __future__ import annotations
 
 import ml_collections
 
-from vitboot_jax.base.errors import ConfigError
+from vitboot_jax.base.errors import ConfigError, unknown_choice
 from vitboot_jax.data import randaugment_policy
-from vitboot_jax.models.choices import (  # noqa: F401
-  AGENT_STEMS,
-  ATTENTION_INITS,
-  INITS,
-  KERNELS,
-  TAPS,
-)
+from vitboot_jax.models import choices
 
+# The one list of each choice that is not a model's (those are models/choices.py's), each with
+# the module that implements it; CHOICES below names the field that takes it.
 MODES = ("vit", "agent", "joint", "shared", "cnn")
 FEATURE_DECAYS = ("epoch", "step", "none")  # How the feature-loss weight decays (losses.py).
 ADAPTERS = ("seq1d", "pool2d")  # Feature size adaptation (losses.py).
 FEATURE_FORMULAS = ("official", "paper", "corr")  # The feature loss's form (losses.py).
 PROJECTORS = ("none", "linear")  # A learnable map of the ViT's tokens before the hint (steps.py).
-
-# The one list of each choice, checked here before anything heavy is imported and imported by the
-# modules that implement the choices (align.py, losses.py; the models' own: models/choices.py).
 ALIGN_METHODS = ("pcgrad", "none")  # align.py
 ALIGN_GRANULARITIES = ("global", "per_leaf")  # align.py
+OPTIMIZERS = ("adamw", "sgd")  # optim.py
+SCHEDULES = ("cosine_epoch", "cosine_step", "constant")  # optim.py
+DRLOC_NORMALIZATIONS = ("none", "code", "paper")  # The DrLoc targets' scale (method/drloc.py).
 # Where batches are made: tf.data on the host, or gathered and augmented in the jitted step from
 # the dataset held on the devices (device_pipeline.py).
 PIPELINES = ("tfdata", "device")
@@ -41,6 +37,33 @@ NORMALISATION = {
   "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
   "cifar100": ((0.5071, 0.4867, 0.4408), (0.2023, 0.1994, 0.2010)),
   "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
+
+# Every field that takes one of a fixed set of values, and the set. validate() checks them all
+# here, once, before jax loads; the modules that implement a choice trust the config.
+CHOICES: dict[str, tuple[str, ...]] = {
+  "mode": MODES,
+  "kernels": choices.KERNELS,
+  "data.pipeline": PIPELINES,
+  "data.augment": AUGMENTS,
+  "data.normalisation": tuple(NORMALISATION),
+  "model.init": choices.INITS + choices.ATTENTION_INITS,
+  "model.attention": choices.ATTENTIONS,
+  "cnn.name": choices.CNNS,
+  "agent.stem": choices.AGENT_STEMS,
+  "agent.taps": choices.TAPS,
+  "agent.init": choices.INITS,
+  "loss.feature_loss": FEATURE_FORMULAS,
+  "loss.adapt": ADAPTERS,
+  "loss.feature_decay": FEATURE_DECAYS,
+  "loss.feature_projector": PROJECTORS,
+  "drloc.variant": choices.DRLOC_VARIANTS,
+  "drloc.normalize": DRLOC_NORMALIZATIONS,
+  "drloc.pool": choices.DRLOC_POOLS,
+  "align": ALIGN_METHODS,
+  "align_granularity": ALIGN_GRANULARITIES,
+  "optim.name": OPTIMIZERS,
+  "optim.schedule": SCHEDULES,
 }
 
 
@@ -263,6 +286,18 @@ def steps_per_call(c: ml_collections.ConfigDict, platform: str) -> int:
   return 1 if platform == "cpu" else ACCELERATOR_STEPS_PER_CALL
 
 
+def check_choices(c: ml_collections.ConfigDict) -> None:
+  """Every field of CHOICES holds one of its values. A field at base_config()'s value is skipped:
+  a valid default, or a placeholder that REQUIRED reports where the mode needs the field."""
+  defaults = base_config()
+  for field, allowed in CHOICES.items():
+    value, default = c, defaults
+    for key in field.split("."):
+      value, default = value.get(key, default[key]), default[key]  # Older configs lack new fields.
+    if value != default and value not in allowed:
+      raise ConfigError(unknown_choice(f"config.{field}", value, allowed))
+
+
 def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Fails fast with a message that names the field and the fix."""
   unset = _unset(c, REQUIRED) + _unset(c, REQUIRED_BY_MODE.get(c.mode, ()))
@@ -271,20 +306,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
       f"{', '.join(unset)} not set: a config file sets them (base_config() holds only "
       "placeholders); see configs/vits_cifar100.py for a complete one"
     )
-  if c.mode not in MODES:
-    raise ConfigError(f"config.mode={c.mode!r} is unknown; choose one of {MODES}")
-  if c.get("kernels", "auto") not in KERNELS:
-    raise ConfigError(f"config.kernels={c.kernels!r} is unknown; choose one of {KERNELS}")
-  if c.agent.stem not in AGENT_STEMS:
-    raise ConfigError(f"config.agent.stem={c.agent.stem!r} is unknown; choose one of {AGENT_STEMS}")
-  if c.agent.taps not in TAPS:
-    raise ConfigError(f"config.agent.taps={c.agent.taps!r} is unknown; choose one of {TAPS}")
-  if c.model.init not in INITS + ATTENTION_INITS:
-    raise ConfigError(
-      f"config.model.init={c.model.init!r} is unknown; choose one of {INITS + ATTENTION_INITS}"
-    )
-  if c.agent.init not in INITS:
-    raise ConfigError(f"config.agent.init={c.agent.init!r} is unknown; choose one of {INITS}")
+  check_choices(c)
   if c.image_size % c.model.patch_size:
     raise ConfigError(
       f"config.image_size={c.image_size} is not divisible by config.model.patch_size="
@@ -294,13 +316,6 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     raise ConfigError(
       f"config.model.embed_dim={c.model.embed_dim} is not divisible by "
       f"config.model.num_heads={c.model.num_heads}"
-    )
-  pipeline = c.data.get("pipeline", "tfdata")
-  if pipeline not in PIPELINES:
-    raise ConfigError(f"config.data.pipeline={pipeline!r} is unknown; choose one of {PIPELINES}")
-  if c.data.augment not in AUGMENTS:
-    raise ConfigError(
-      f"config.data.augment={c.data.augment!r} is unknown; choose one of {AUGMENTS}"
     )
   if not 0.0 < c.data.train_fraction <= 1.0:
     raise ConfigError(f"config.data.train_fraction={c.data.train_fraction} must be in (0, 1]")
@@ -318,32 +333,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     )
   if num_devices is not None:
     check_devices(c, num_devices)
-  if c.loss.feature_decay not in FEATURE_DECAYS:
-    raise ConfigError(
-      f"config.loss.feature_decay={c.loss.feature_decay!r} is unknown; choose one of "
-      f"{FEATURE_DECAYS}"
-    )
-  if c.loss.adapt not in ADAPTERS:
-    raise ConfigError(f"config.loss.adapt={c.loss.adapt!r} is unknown; choose one of {ADAPTERS}")
   _validate_hint_variants(c)
   _validate_distillation(c)
   _validate_recipe(c)
-  if c.align not in ALIGN_METHODS:
-    raise ConfigError(f"config.align={c.align!r} is unknown; choose one of {ALIGN_METHODS}")
-  if c.align_granularity not in ALIGN_GRANULARITIES:
-    raise ConfigError(
-      f"config.align_granularity={c.align_granularity!r} is unknown; choose one of "
-      f"{ALIGN_GRANULARITIES}"
-    )
 
 
 def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
   """The variants of the feature term and the agent's start (configs/common.py's switches)."""
   loss = c.loss
-  if loss.feature_loss not in FEATURE_FORMULAS:
-    raise ConfigError(
-      f"config.loss.feature_loss={loss.feature_loss!r} is unknown; choose one of {FEATURE_FORMULAS}"
-    )
   if not 0.0 < loss.feature_until <= 1.0:
     raise ConfigError(
       f"config.loss.feature_until={loss.feature_until} must be in (0, 1] (the fraction of the "
@@ -359,11 +356,6 @@ def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
     raise ConfigError(
       f"config.loss.feature_layers={loss.feature_layers!r} must be an integer in "
       f"[0, {c.model.depth}] (the last k paired layers; 0: all, the official recipe)"
-    )
-  if loss.feature_projector not in PROJECTORS:
-    raise ConfigError(
-      f"config.loss.feature_projector={loss.feature_projector!r} is unknown; choose one of "
-      f"{PROJECTORS}"
     )
   if loss.feature_balance < 0:
     raise ConfigError(
@@ -440,7 +432,7 @@ def _validate_distillation(c: ml_collections.ConfigDict) -> None:
       f"distill=hard needs the agent as its teacher (mode joint); mode {c.mode!r} has none"
     )
   clashes = {
-    "config.model.init": c.model.init if c.model.init in ATTENTION_INITS else None,
+    "config.model.init": c.model.init if c.model.init in choices.ATTENTION_INITS else None,
     "config.init_from": c.init_from or None,
   }
   clashes = {k: v for k, v in clashes.items() if v is not None}

@@ -1,5 +1,7 @@
 """Errors a user fixes by changing the command; `main` prints the message alone and exits 2."""
 
+from collections.abc import Iterable
+
 
 class UsageError(Exception):
   """The command cannot run as given (config, data or workdir); the message names the fix."""
@@ -22,3 +24,9 @@ def first_line(error: BaseException, limit: int = 300) -> str:
   text = str(error).strip().split("\n", 1)[0]
   text = text if len(text) <= limit else text[:limit] + "..."
   return f"{type(error).__name__}: {text}"
+
+
+def unknown_choice(name: str, value: object, choices: Iterable[object]) -> str:
+  """The one message for a value outside its fixed set: a config field's (configlib.CHOICES), a
+  config arg's or a tool's flag."""
+  return f"{name}={value!r} is unknown; choose one of {', '.join(repr(c) for c in choices)}"

@@ -191,16 +191,7 @@ def _check_stored(image: tf.Tensor, stored: int) -> tf.Tensor:
   return image
 
 
-def _check(config: ml_collections.ConfigDict) -> tuple[int, tuple, tuple]:
-  if config.data.augment not in configlib.AUGMENTS:
-    raise ValueError(
-      f"config.data.augment={config.data.augment!r} is unknown; choose one of {configlib.AUGMENTS}"
-    )
-  if config.data.normalisation not in configlib.NORMALISATION:
-    raise ValueError(
-      f"config.data.normalisation={config.data.normalisation!r} is unknown; choose one of "
-      f"{sorted(configlib.NORMALISATION)}"
-    )
+def _size_mean_std(config: ml_collections.ConfigDict) -> tuple[int, tuple, tuple]:
   mean, std = configlib.NORMALISATION[config.data.normalisation]
   return int(config.image_size), mean, std
 
@@ -208,7 +199,7 @@ def _check(config: ml_collections.ConfigDict) -> tuple[int, tuple, tuple]:
 def make_train_fn(config: ml_collections.ConfigDict) -> TrainFn:
   """(uint8 image [H, W, 3], seed [2]) -> normalised float32 [S, S, 3] for config.data.augment,
   or the uint8 augmented crop at its stored size (see `configlib.device_resize_from`)."""
-  size, mean, std = _check(config)
+  size, mean, std = _size_mean_std(config)
   kind = config.data.augment
   stored = configlib.device_resize_from(config)
 
@@ -232,7 +223,7 @@ def make_train_fn(config: ml_collections.ConfigDict) -> TrainFn:
 def make_eval_fn(config: ml_collections.ConfigDict) -> EvalFn:
   """uint8 image -> normalised float32 [S, S, 3]: resize, or short-side resize + centre crop;
   or the uint8 image at its stored size (see `configlib.device_resize_from`)."""
-  size, mean, std = _check(config)
+  size, mean, std = _size_mean_std(config)
   kind = config.data.augment
   stored = configlib.device_resize_from(config)
 

@@ -19,8 +19,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from vitboot_jax import configlib
-
 PyTree = Any
 
 
@@ -80,11 +78,6 @@ def align(
     global inner product is negative) and `conflict_fraction` (fraction of leaves with any shared
     entry whose own inner product is negative).
   """
-  if granularity not in configlib.ALIGN_GRANULARITIES:
-    raise ValueError(
-      f"config.align_granularity={granularity!r} is unknown; choose one of "
-      f"{configlib.ALIGN_GRANULARITIES}"
-    )
   masks = _full_mask(mask, g_agent)
   a_m = jax.tree.map(_masked, g_agent, masks)
   v_m = jax.tree.map(_masked, g_vit, masks)
@@ -144,8 +137,6 @@ def combine(
     method: "pcgrad" or "none" (config.align).
     granularity: "global" or "per_leaf" (config.align_granularity).
   """
-  if method not in configlib.ALIGN_METHODS:
-    raise ValueError(f"config.align={method!r} is unknown; choose one of {configlib.ALIGN_METHODS}")
   aligned, info = align(g_agent, g_vit, granularity=granularity, mask=shared_mask)
   if method == "none":
     return jax.tree.map(lambda v, a: v + a, g_vit, g_agent), info

@@ -43,7 +43,6 @@ REG_EPS = 1e-8
 # The train step draws model i's pairs from fold_in(step_rng, RNG_STREAM + i); the dropout masks
 # use fold_in(step_rng, i) (ModelSet.apply), so the two never share a key.
 RNG_STREAM = 1000
-NORMALIZATIONS = ("none", "code", "paper")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,8 +86,6 @@ def targets(
   delta = (p1 - p2).astype(jnp.float32)
   if normalize == "paper":
     return (jnp.abs(delta) if use_abs else delta) / k
-  if normalize not in ("none", "code"):
-    raise ValueError(f"drloc normalize={normalize!r} is unknown; choose one of {NORMALIZATIONS}")
   t = jnp.abs(delta) if use_abs else delta + (k - 1)
   if normalize == "code":
     t = t / max(1, (k - 1) if use_abs else 2 * (k - 1))

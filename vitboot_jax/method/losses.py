@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vitboot_jax import configlib
 from vitboot_jax.models.choices import hinted_layers
 
 
@@ -89,29 +88,26 @@ def _adapt(
     if n_vit > n_agent:
       return _pool_seq1d(vit, n_agent), agent
     return vit, _pool_seq1d(agent, n_vit)
-  if adapt == "pool2d":
-    side = math.isqrt(n_vit)
-    if side * side != n_vit:
-      raise ValueError(
-        f"feature_loss(adapt='pool2d'): {n_vit} ViT tokens do not form a square grid"
-      )
-    vit_grid = (side, side)
-    if vit_grid == agent_grid:
-      return vit, agent
-    # Pool the side with more tokens down to the other's grid; both factors must be integers.
-    if n_vit >= n_agent:
-      src, dst = vit_grid, agent_grid
-    else:
-      src, dst = agent_grid, vit_grid
-    if n_vit == n_agent or src[0] % dst[0] or src[1] % dst[1]:
-      raise ValueError(
-        f"feature_loss(adapt='pool2d'): a {src[0]}x{src[1]} grid cannot be average-pooled to "
-        f"{dst[0]}x{dst[1]} (integer factors per axis needed)"
-      )
-    if n_vit > n_agent:
-      return _pool_grid2d(vit, src, dst), agent
-    return vit, _pool_grid2d(agent, src, dst)
-  raise ValueError(f"config.loss.adapt={adapt!r} is unknown; choose one of {configlib.ADAPTERS}")
+  # "pool2d": configlib.validate checked the config's choice.
+  side = math.isqrt(n_vit)
+  if side * side != n_vit:
+    raise ValueError(f"feature_loss(adapt='pool2d'): {n_vit} ViT tokens do not form a square grid")
+  vit_grid = (side, side)
+  if vit_grid == agent_grid:
+    return vit, agent
+  # Pool the side with more tokens down to the other's grid; both factors must be integers.
+  if n_vit >= n_agent:
+    src, dst = vit_grid, agent_grid
+  else:
+    src, dst = agent_grid, vit_grid
+  if n_vit == n_agent or src[0] % dst[0] or src[1] % dst[1]:
+    raise ValueError(
+      f"feature_loss(adapt='pool2d'): a {src[0]}x{src[1]} grid cannot be average-pooled to "
+      f"{dst[0]}x{dst[1]} (integer factors per axis needed)"
+    )
+  if n_vit > n_agent:
+    return _pool_grid2d(vit, src, dst), agent
+  return vit, _pool_grid2d(agent, src, dst)
 
 
 def _layer_norm(x: jax.Array, eps: float) -> jax.Array:
@@ -179,11 +175,8 @@ def feature_loss(
   if formula == "paper":
     diff = _l2_normalise(agent) - _l2_normalise(vit)
     return jnp.mean(jnp.sum(jnp.square(diff), axis=(1, 2)))
-  if formula == "corr":
-    return jnp.mean(1.0 - _position_correlation(vit, agent, ln_eps))
-  raise ValueError(
-    f"config.loss.feature_loss={formula!r} is unknown; choose one of {configlib.FEATURE_FORMULAS}"
-  )
+  # "corr": configlib.validate checked the config's choice.
+  return jnp.mean(1.0 - _position_correlation(vit, agent, ln_eps))
 
 
 def feature_loss_floor(
@@ -257,10 +250,6 @@ def feature_weight(
       e = (step // steps_per_epoch).astype(jnp.float32)
     else:
       e = jnp.floor(step.astype(jnp.float32) / steps_per_epoch)
-  elif per == "step":
+  else:  # "step": configlib.validate checked the config's choice.
     e = step.astype(jnp.float32) / steps_per_epoch
-  else:
-    raise ValueError(
-      f"config.loss.feature_decay={per!r} is unknown; choose one of {configlib.FEATURE_DECAYS}"
-    )
   return jnp.maximum(0.0, 1.0 - e / num_epochs)

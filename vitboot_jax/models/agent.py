@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vitboot_jax.models import choices, common, sharing
+from vitboot_jax.models import common, sharing
 from vitboot_jax.models.kernels import XLA, Kernels
 
 
@@ -48,16 +48,15 @@ def tap_positions(
       )
     raster = [(r, c) for r in range(k) for c in range(k)]
     return k, tuple(raster[:num_taps])
-  if scheme == "centered":
-    k = math.ceil(math.sqrt(num_taps))
-    k += 1 - k % 2
-    centre = (k - 1) / 2
-    raster = [(r, c) for r in range(k) for c in range(k)]
-    by_distance = sorted(
-      range(k * k), key=lambda i: ((raster[i][0] - centre) ** 2 + (raster[i][1] - centre) ** 2, i)
-    )
-    return k, tuple(raster[i] for i in sorted(by_distance[:num_taps]))
-  raise ValueError(f"config.agent.taps={scheme!r} is unknown; choose one of {choices.TAPS}")
+  # "centered": configlib.validate checked the config's choice.
+  k = math.ceil(math.sqrt(num_taps))
+  k += 1 - k % 2
+  centre = (k - 1) / 2
+  raster = [(r, c) for r in range(k) for c in range(k)]
+  by_distance = sorted(
+    range(k * k), key=lambda i: ((raster[i][0] - centre) ** 2 + (raster[i][1] - centre) ** 2, i)
+  )
+  return k, tuple(raster[i] for i in sorted(by_distance[:num_taps]))
 
 
 def generalised_conv(
@@ -146,9 +145,8 @@ def _inits(init: str) -> dict[str, Any]:
     return dict(
       patch=common.normal(1.0), stem_bias=common.official_bias, mlp_bias=common.official_bias
     )
-  if init == "standard":
-    return dict(patch=common.lecun_normal, stem_bias=common.zeros, mlp_bias=common.zeros)
-  raise ValueError(f"config.agent.init={init!r} is unknown; choose one of {choices.INITS}")
+  # "standard": configlib.validate checked the config's choice.
+  return dict(patch=common.lecun_normal, stem_bias=common.zeros, mlp_bias=common.zeros)
 
 
 class Stem(nn.Module):
@@ -181,12 +179,8 @@ class Stem(nn.Module):
       )(x)
     if self.kind == "res_like":
       k1, s1, p1 = 7, 2, 3
-    elif self.kind in ("small", "small_full"):
+    else:  # "small", "small_full": configlib.validate checked the config's choice.
       k1, s1, p1 = 3, 1, 1
-    else:
-      raise ValueError(
-        f"config.agent.stem={self.kind!r} is unknown; choose one of {choices.AGENT_STEMS}"
-      )
     s2 = 1 if self.kind == "small_full" else 2
     x = self.conv(
       self.channels,

@@ -51,6 +51,7 @@ def apply_init(
     return impulse_init.impulse_init(
       vit_params, rng, num_heads=num_heads, grid=grid, kernel_size=ks, **kwargs
     )
+  # Only a direct caller gets here: build applies an attention init for these schemes alone.
   raise ValueError(
     f"config.model.init={scheme!r} is not an attention init; choose one of "
     + ", ".join(repr(s) for s in SCHEMES)

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitboot_jax.base.errors import unknown_choice
+
 Params = Mapping[str, Any]
 
 
@@ -91,7 +93,7 @@ def apply_pos_embed(vit_params: Params, pos_embed: str, grid) -> Params:
     if grid is None:
       raise ValueError("pos_embed='sincos' needs the token grid")
     return _sincos_pos_embed(vit_params, *grid_hw(grid))
-  raise ValueError(f"pos_embed={pos_embed!r} is unknown; choose 'keep' or 'sincos'")
+  raise ValueError(unknown_choice("pos_embed", pos_embed, ("keep", "sincos")))
 
 
 def sincos2d(gh: int, gw: int, dim: int, temperature: float = 1e4) -> np.ndarray:

@@ -85,8 +85,6 @@ def build_cnn(
   config: ml_collections.ConfigDict, dtype: Any = jnp.float32, kernels: Kernels = XLA
 ) -> nn.Module:
   name = config.cnn.name
-  if name not in CNN_BASELINES:
-    raise ValueError(f"config.cnn.name={name!r} is unknown; choose one of {sorted(CNN_BASELINES)}")
   # EfficientNet's convolutions stay flax's own (its depthwise ones are grouped).
   extra = {"kernels": kernels} if name == "resnet50" else {}
   return CNN_BASELINES[name](config.data.num_classes, dtype=dtype, **extra)

@@ -1,5 +1,5 @@
-"""The models' allowed choices, one list each: configlib checks them before jax is imported (this
-module imports nothing), and the modules that implement them name them in their errors."""
+"""The models' allowed choices, one list each: configlib checks a config against them before jax is
+imported (this module imports nothing), and the modules that implement them trust the config."""
 
 AGENT_STEMS = ("res_like", "patch", "small", "small_full")  # agent.py
 TAPS = ("official", "centered")  # agent.py: where the CONV's heads read.
@@ -7,7 +7,11 @@ INITS = ("official", "standard")  # agent.py, vit.py
 # ViT only: the standard scheme, then the attention rewritten on the host (attention_init.py,
 # applied by build.ModelSet.init_on_host).
 ATTENTION_INITS = ("mimetic", "impulse3", "impulse5")
-KERNELS = ("auto", "xla", "cpu")  # kernels.py
+ATTENTIONS = ("softmax", "entmax")  # vit.py: entmax is the paper's Sparse ViT.
+CNNS = ("resnet50", "efficientnet_b2")  # build.py: the CNN baselines.
+DRLOC_VARIANTS = ("l1", "ce", "reg")  # drloc_head.py
+DRLOC_POOLS = ("auto", "always", "none")  # drloc_head.pool_grid
+KERNELS = ("auto", "xla", "cpu")  # kernel_sets.py
 
 
 def hinted_layers(depth: int, last: int = 0) -> tuple[int, ...]:

@@ -24,8 +24,6 @@ DEFAULT_HIDDEN = 512
 # Grids at least this large are pooled under pool_grid(mode="auto") (14x14 -> 7x7).
 AUTO_POOL_MIN_SIZE = 14
 
-VARIANTS = ("l1", "ce", "reg")
-
 
 # ---------------------------------------------------------------------------------------------
 # The grid f reads.
@@ -71,11 +69,10 @@ def pool_grid(
     return grid
   if mode == "always":
     return _pool_once(grid)
-  if mode == "auto":
-    while min(grid.shape[1], grid.shape[2]) >= min_size:
-      grid = _pool_once(grid)
-    return grid
-  raise ValueError(f"drloc pool mode {mode!r} is unknown; choose 'auto', 'always' or 'none'")
+  # "auto": configlib.validate checked the config's choice.
+  while min(grid.shape[1], grid.shape[2]) >= min_size:
+    grid = _pool_once(grid)
+  return grid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +124,6 @@ class DrLocHead(nn.Module):
 
   @nn.compact
   def __call__(self, e1: jax.Array, e2: jax.Array) -> jax.Array:
-    if self.variant not in VARIANTS:
-      raise ValueError(f"drloc variant {self.variant!r} is unknown; choose one of {VARIANTS}")
     x = jnp.concatenate([e1, e2], axis=-1)
     h = self.hidden
     x = nn.relu(self._dense(h, x.shape[-1], "fc1")(x))

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitboot_jax.base.errors import unknown_choice
 from vitboot_jax.models import attention_params
 from vitboot_jax.models.attention_params import Params
 
@@ -58,7 +59,7 @@ def mimetic_layer_weights(
   """
   r = attention_params.head_dim(dim, num_heads)
   if dist not in ("uniform", "normal"):
-    raise ValueError(f"mimetic dist={dist!r} is unknown; choose 'uniform' or 'normal'")
+    raise ValueError(unknown_choice("mimetic dist", dist, ("uniform", "normal")))
   z1, z2 = (np.asarray(z) for z in _mimetic_noise(rng, dim=dim, num_heads=num_heads, dist=dist))
   eye = np.eye(dim, dtype=np.float32)
   a1 = (alpha1 * z1 + beta1 * eye).astype(np.float32)

@@ -18,11 +18,9 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vitboot_jax.models import choices, common
+from vitboot_jax.models import common
 from vitboot_jax.models.entmax import entmax_bisect
 from vitboot_jax.models.kernels import XLA, Kernels
-
-ATTENTIONS = ("softmax", "entmax")
 
 
 def attend(
@@ -68,17 +66,16 @@ def _inits(init: str, embed_dim: int, patch_fan_in: int) -> dict[str, Any]:
       head_kernel=common.torch_linear_default(embed_dim),
       head_bias=common.torch_linear_default(embed_dim),
     )
-  if init == "standard":
-    return dict(
-      patch_kernel=common.lecun_normal,
-      pos=nn.initializers.truncated_normal(0.02),
-      cls=nn.initializers.truncated_normal(0.02),
-      dense=common.xavier_uniform,
-      mlp_bias=common.normal(1e-6),
-      head_kernel=common.zeros,
-      head_bias=common.zeros,
-    )
-  raise ValueError(f"config.model.init={init!r} is unknown; choose one of {choices.INITS}")
+  # "standard": configlib.validate checked the config's choice.
+  return dict(
+    patch_kernel=common.lecun_normal,
+    pos=nn.initializers.truncated_normal(0.02),
+    cls=nn.initializers.truncated_normal(0.02),
+    dense=common.xavier_uniform,
+    mlp_bias=common.normal(1e-6),
+    head_kernel=common.zeros,
+    head_bias=common.zeros,
+  )
 
 
 # A flax layer class with the ViT's dtype, kernels and initialisers bound by functools.partial.
@@ -101,10 +98,6 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
-    if self.attention not in ATTENTIONS:
-      raise ValueError(
-        f"config.model.attention={self.attention!r} is unknown; choose one of {ATTENTIONS}"
-      )
     d = x.shape[-1]
     qkv = self.dense(3 * d, name="qkv")(x)
     # Split before the head reshape: the gradient is then one concatenation of dQ, dK, dV, not

@@ -248,7 +248,7 @@ def export(workdir: str, fmt: str, output: str, step: int | None = None) -> dict
   from safetensors.numpy import save
 
   if fmt not in FORMATS:
-    _refuse(f"--format={fmt!r} is unknown; choose one of {FORMATS}")
+    _refuse(errors.unknown_choice("--format", fmt, FORMATS))
   if not output.endswith(SUFFIX):
     _refuse(f"--output={output} must end in {SUFFIX} (the JSON goes beside it)")
   run = read_run(workdir, step)

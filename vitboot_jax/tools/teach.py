@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from vitboot_jax.base import cli
+from vitboot_jax.base.errors import unknown_choice
 from vitboot_jax.tools.sweep import runs as sweep_runs
 
 STUDENTS = {
@@ -36,7 +37,7 @@ def stage_commands(
 ) -> list[tuple[str, list[str]]]:
   """[(stage, command)] of the teacher's run and the student's; ValueError for a bad request."""
   if student not in STUDENTS:
-    raise ValueError(f"--student={student} is unknown; choose one of {sorted(STUDENTS)}")
+    raise ValueError(unknown_choice("--student", student, STUDENTS))
   path, _, args = config.partition(":")
   given = [a.split("=", 1)[0].strip() for a in args.split(",") if a.strip()]
   clash = sorted(set(given) & set(_OWN_ARGS))

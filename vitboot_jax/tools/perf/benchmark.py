@@ -157,7 +157,7 @@ def mode_config(
   """A copy of `config` set to `mode` ("shared_noalign": shared with align="none"), and `batch`
   and `dtype` where given; validated, for `num_devices` where given (lowering targets others)."""
   if mode not in ALL_MODES:
-    raise ValueError(f"mode {mode!r} is unknown; choose from {ALL_MODES}")
+    raise ValueError(errors.unknown_choice("mode", mode, ALL_MODES))
   c = config.copy_and_resolve_references()
   with c.unlocked():
     switch_mode(c, "shared" if mode.startswith("shared") else mode)

@@ -43,6 +43,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from vitboot_jax import kernel_sets, sharding
+from vitboot_jax.base.errors import unknown_choice
 from vitboot_jax.cpu import conv, host_memory, matmul
 from vitboot_jax.cpu import devices as cpu_devices
 from vitboot_jax.cpu import kernels as cpu_kernels
@@ -193,7 +194,7 @@ def run(
   emit: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
   if switch not in SWITCHES:
-    raise ValueError(f"--switch={switch!r} is unknown; choose one of {sorted(SWITCHES)}")
+    raise ValueError(unknown_choice("--switch", switch, SWITCHES))
   if (switch == "xla_options") != bool(xla_options):
     raise ValueError("--xla_options name=value,... goes with --switch=xla_options (and only it)")
   if steps < 1:
