@@ -30,9 +30,10 @@ Output, one JSON object per line:
      eval step alone on a synthetic batch of data.eval_batch_size.
   3. {"summary": ...}: shared/ViT step-time and MACs ratios and the Align overhead (%).
 
-Also here, for every perf tool (kernel_ab, profile_step, lowering, device_plan): a mode's config
-and its step compiled as train.py compiles it (mode_config, compile_mode_step), and the timers;
-they define what the benchmark measures, so they stay beside it (about 520 lines in all).
+Also here, for every perf tool (kernel_ab, profile_step, lowering, recipe_cost;
+launch/device_plan.py): a mode's config and its step compiled as train.py compiles it
+(mode_config, compile_mode_step), and the timers; they define what the benchmark measures, so
+they stay beside it.
 """
 
 from __future__ import annotations
