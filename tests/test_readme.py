@@ -48,7 +48,12 @@ def test_config_paths_in_readme_exist():
 def test_tool_modules_in_readme_exist():
   root = pathlib.Path(__file__).resolve().parents[1]
   tools = set(re.findall(r"python -m (vitboot_jax(?:\.\w+)+)", README))
-  missing = sorted(t for t in tools if not (root / (t.replace(".", "/") + ".py")).is_file())
+  path = lambda t: root / t.replace(".", "/")  # A module file or a package run as __main__.
+  missing = sorted(
+    t
+    for t in tools
+    if not (path(t).with_suffix(".py").is_file() or (path(t) / "__main__.py").is_file())
+  )
   assert not missing, f"README runs modules that do not exist: {missing}"
 
 
