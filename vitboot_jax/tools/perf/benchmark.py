@@ -128,7 +128,7 @@ def measure_peak(
     "peak_matmul_s": step_s,
     "devices": n,
     "device_kind": jax.devices()[0].device_kind,
-    "allocator": host_memory.description(),  # XLA:CPU steps run 1.3-1.5x faster under jemalloc.
+    "allocator": host_memory.description(),  # It moves XLA:CPU's step times (host_memory.py).
     "cpu_model": cpu_features.cpu_model(),
     "cpu_vector_isa": cpu_features.widest_vector_isa(cpu_features.cpu_flags()),
   }
