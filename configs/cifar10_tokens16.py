@@ -34,7 +34,7 @@ def get_config(arg=None):
   c.image_size = 32
   c.batch_size = 64
   c.num_epochs = arg.epochs
-  c.checkpoint_every_steps = 20  # 3-10 s a step on 2 CPU cores: a kill loses ~2 min at most.
+  c.checkpoint_every_steps = 20  # Slow CPU steps: a kill loses minutes (docs/performance.md).
   c.eval_every_epochs = 1  # Learning curves (the paper's Fig. 5 question) need every epoch.
   c.log_every_steps = 20
 

@@ -1,4 +1,4 @@
-"""The device plan (tools/perf/device_plan.py): its order, its budget and its guards; the
+"""The device plan (launch/device_plan.py): its order, its budget and its guards; the
 measurements themselves need the accelerator (docs/accelerators.md)."""
 
 import json
@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
+from launch import device_plan
 from tests.config_files import load_config
 from vitboot_jax import sharding
 from vitboot_jax.base import errors
-from vitboot_jax.tools.perf import device_plan
 
 
 def test_the_issue_targets_come_first_and_every_item_once():

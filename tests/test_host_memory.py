@@ -148,10 +148,10 @@ def test_jax_platforms_cpu_means_no_accelerator(monkeypatch):
 
 @pytest.mark.slow
 def test_save_memory_benchmark_lines_and_summary(tmp_path):
-  """tools/perf/save_memory in this process (the test's allocator): its child's line for each
+  """launch/save_memory.py in this process (the test's allocator): its child's line for each
   schedule, and the summary over settings, as the tool prints them."""
+  from launch import save_memory
   from tests.config_files import load_config
-  from vitboot_jax.tools.perf import save_memory
 
   config = load_config("tiny_config", "mode=vit")
   lines = []

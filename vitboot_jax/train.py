@@ -79,8 +79,8 @@ def _step_values(call_metrics: dict[str, Any], index: int) -> dict[str, float]:
 class _FiniteCheck:
   """Stops at the first non-finite loss or gradient norm, one call behind the device.
 
-  Reading call c's scalars while call c+1 runs keeps the device busy; `now()` checks the newest
-  call before anything is saved, so a non-finite state is never written.
+  Reading call c's scalars while call c+1 runs keeps the device busy; `check_pending()` checks
+  the newest call before anything is saved, so a non-finite state is never written.
   """
 
   def __init__(self, ckpt: checkpointer.Checkpointer):
@@ -89,11 +89,12 @@ class _FiniteCheck:
 
   def add(self, first_step: int, num_steps: int, call_metrics: dict[str, jax.Array]) -> None:
     """Checks the previous call, then queues the metrics of steps first_step, ... (one call)."""
-    self.now()
+    self.check_pending()
     checked = {k: v for k, v in call_metrics.items() if not k.startswith(_NOT_CHECKED)}
     self._pending = (first_step, num_steps, checked)
 
-  def now(self) -> None:
+  def check_pending(self) -> None:
+    """Checks the queued call's metrics now, waiting for them; raises NonFiniteError."""
     if self._pending is None:
       return
     first_step, num_steps, pending = self._pending
@@ -154,7 +155,7 @@ class _Loop:
     self._finite = _FiniteCheck(ckpt)
     self._dispatched = False
 
-  def ran(self, first: int, last: int, call_metrics: dict[str, jax.Array]) -> None:
+  def check_and_log(self, first: int, last: int, call_metrics: dict[str, jax.Array]) -> None:
     """Queues the finite check of steps first..last (one call) and logs those due a line."""
     if not self._dispatched:  # The call returned once compiled: time the steps from here.
       self._progress.compiled(first - 1)
@@ -194,7 +195,7 @@ class _Loop:
   ) -> dict[str, float]:
     """Evaluates and logs step `step`. A signal to `stop` during it saves the step (unless
     already `saved`) and raises preemption.Preempted: the evaluation runs again on resume."""
-    self._finite.now()
+    self._finite.check_pending()
     try:
       eval_metrics = self.evaluate(step, state, stop)
     except preemption.EvaluationInterrupted:
@@ -207,7 +208,7 @@ class _Loop:
     return eval_metrics
 
   def save(self, step: int, state: TrainState) -> None:
-    self._finite.now()  # Never save a non-finite state.
+    self._finite.check_pending()  # Never save a non-finite state.
     self._ckpt.save(step, state, force=True)
 
   def stopped(self, stop: preemption.StopSignals, step: int) -> preemption.Preempted:
@@ -326,7 +327,7 @@ def train_and_evaluate(
         first, step, calls = step + 1, step + n, calls + 1
         call = trainer.train_step if n == 1 else trainer.multi_step(n)
         state, call_metrics = call(state, next_input(n))
-        loop.ran(first, step, call_metrics)
+        loop.check_and_log(first, step, call_metrics)
         is_last = step == total_steps
         if step % eval_every == 0 or is_last:
           # The final evaluation always finishes: final.json needs it.

@@ -27,7 +27,11 @@ _OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 
 
 def fail(message: str) -> NoReturn:
-  """Prints `message` as the one error line and exits with the usage-error code."""
+  """Prints `message` as the one error line and exits with the usage-error code.
+
+  For a program's checks before JAX loads, in one process. Once a run (of possibly several
+  processes) has started: run/failing.fail. Library code raises errors.UsageError instead.
+  """
   sys.stderr.write(f"error: {message}\n")
   sys.stderr.flush()
   sys.exit(USAGE_EXIT_CODE)

@@ -4,7 +4,11 @@ from collections.abc import Iterable
 
 
 class UsageError(Exception):
-  """The command cannot run as given (config, data or workdir); the message names the fix."""
+  """The command cannot run as given (config, data or workdir); the message names the fix.
+
+  Raised by library code, which never exits: main turns it into one line and exit 2 (cli.fail
+  before JAX loads, run/failing.fail once the run has started).
+  """
 
 
 class ConfigError(UsageError, ValueError):

@@ -321,8 +321,8 @@ def max_pool(x: jax.Array, window: int, stride: int, pad: int) -> jax.Array:
   """NHWC max pooling with -inf padding, as nn.max_pool, as a max over strided views.
 
   XLA:CPU differentiates reduce_window max with select_and_scatter over int32 window indices,
-  which took 0.3 s of a 4 s shared step (the res-like stem, batch 32). The max of k*k strided
-  views has an elementwise gradient instead. Ties (measure zero for real activations) send the
+  a sizeable share of the shared step (docs/performance.md). The max of k*k strided views has an
+  elementwise gradient instead. Ties (measure zero for real activations) send the
   gradient to every maximal input rather than to one.
   """
   pads = ((pad, pad), (pad, pad))

@@ -56,6 +56,6 @@ def bf16_warning(compute_dtype: str, flags: frozenset[str] | None) -> str | None
   return (
     "compute_dtype=bfloat16 on a CPU without bfloat16 instructions (none of "
     f"{', '.join(BF16_FLAGS)} in /proc/cpuinfo): XLA:CPU converts the operands and multiplies "
-    "in float32, so steps run slower than in float32 (0.6-0.95x measured on AVX2 CPUs). "
+    "in float32, so steps run slower than in float32 (docs/performance.md). "
     "Use --config.compute_dtype=float32 here; bfloat16 pays on CPUs with AMX."
   )

@@ -2,8 +2,8 @@
 
 XLA:CPU allocates a step's buffers afresh on every call and frees them after it. glibc's malloc
 hands the large ones back to the kernel, so every step faults in and zeroes hundreds of MB of
-new pages (~87k page faults, ~350 MB, per 8x8-token ViT step at batch 64). jemalloc (decay off) and
-tcmalloc keep freed memory for the next step: 1.3-1.5x faster CPU steps (docs/performance.md).
+new pages. jemalloc (decay off) and tcmalloc keep freed memory for the next step, so CPU steps
+run faster (docs/performance.md, "The allocator").
 A program's allocator is fixed when it starts, so the command-line programs re-execute
 themselves once with the library preloaded, when the system has one (Debian/Ubuntu:
 `apt install libjemalloc2`). Accelerator hosts are left alone: device memory has its own
@@ -26,17 +26,17 @@ OPT_OUT = "VITBOOT_SYSTEM_MALLOC"  # Set to 1 to keep the system's malloc.
 PRELOADED = "VITBOOT_PRELOADED_ALLOCATOR"  # Set on re-execution: the library preloaded.
 SYSTEM = "system malloc"
 HINT = (
-  " CPU steps run 1.3-1.5x faster under jemalloc or tcmalloc, used when installed "
-  "(apt install libjemalloc2)."
+  " CPU steps run faster under jemalloc or tcmalloc, used when installed "
+  "(apt install libjemalloc2; docs/performance.md)."
 )
 
 
-# jemalloc's settings (docs/performance.md, issue 66): never return freed pages (decay off), so
-# a step's buffers are reused without page faults; split any free extent for any request
-# (lg_extent_max_active_fit at its maximum; by default never for a request under 1/64 of the
-# extent, so with decay off the extents each asynchronous save freed stayed resident for good
-# and the process grew by about the state's size per save); one arena per core, not four: each
-# arena keeps its own freed pages, and no more threads than cores run at once.
+# jemalloc's settings (docs/performance.md, "Host memory over many saves"): never return freed
+# pages (decay off), so a step's buffers are reused without page faults; split any free extent
+# for any request (lg_extent_max_active_fit at its maximum; by default never for a request under
+# 1/64 of the extent, so with decay off the extents each asynchronous save freed stayed resident
+# for good and the process grew with every save); one arena per core, not four: each arena keeps
+# its own freed pages, and no more threads than cores run at once.
 JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1,lg_extent_max_active_fit:64,narenas:{cores}"
 # (library name for find_library, environment it needs), in order of preference.
 ALLOCATORS = (

@@ -39,7 +39,7 @@ def gelu(x: jax.Array) -> jax.Array:
   """Exact GELU x * Phi(x), written as torch.nn.GELU() writes it: 0.5 x (1 + erf(x / sqrt 2)).
 
   Not the tanh approximation flax defaults to. jax's exact form goes through erfc, which
-  XLA:CPU evaluates ~3x slower than erf (an exp plus a wider polynomial); the erf form differs
+  XLA:CPU evaluates slower than erf (an exp plus a wider polynomial); the erf form differs
   from the exact value by at most 1e-6 in float32 (erfc form: 4e-7). The derivative
   Phi(x) + x phi(x) is written out so forward and backward share Phi instead of
   differentiating through erf's polynomial.

@@ -68,7 +68,7 @@ def resize(image: tf.Tensor, height: tf.Tensor | int, width: tf.Tensor | int) ->
   """Bilinear resize of a float image; a no-op when the size already matches.
 
   Antialiased when shrinking (as PIL); up-sampling skips the antialias path, whose result is the
-  same but about 5x slower on CPU (it matters for 32 -> 224 CIFAR).
+  same but several times slower on CPU (it matters for 32 -> 224 CIFAR; docs/performance.md).
   """
   shape = tf.shape(image)
   size = tf.stack([height, width])

@@ -208,9 +208,9 @@ def eval_dataset(
   else:  # More processes than examples: this one only pads.
     ds = padding_ds
   ds = ds.take(num_batches * local).batch(local, drop_remainder=True)
-  # A new iterator per evaluation: with autotuning on, tearing each one down took 8-10 s on
-  # 2 cores (a quarter of a 32-px evaluation; docs/performance.md). Maps then run one thread
-  # per core.
+  # A new iterator per evaluation: with autotuning on, tearing each one down took a good part of
+  # a 32-px evaluation (docs/performance.md, "evaluation input"). Maps then run one thread per
+  # core.
   return ds.prefetch(2).with_options(_options(autotune=False))
 
 

@@ -76,10 +76,10 @@ def check_split(config: ml_collections.ConfigDict, split: str, max_files: int = 
   `max_files` (CIFAR's test split), so a bad file stops the run at once rather than at its first
   evaluation (the device pipeline decodes and checks every image as it loads them).
 
-  Reads only each file's first and last bytes (CIFAR's 10k test files: well under a second;
-  decoding them all took 21 s on 2 cores): a file that does not start and end like a complete
-  JPEG/PNG (an interrupted copy) is then decoded by TensorFlow, as the run reads it, so a valid
-  file is never refused. A PNG's
+  Reads only each file's first and last bytes (decoding every file costs many times more;
+  docs/performance.md): a file that does not start and end like a complete JPEG/PNG (an
+  interrupted copy) is then decoded by TensorFlow, as the run reads it, so a valid file is never
+  refused. A PNG's
   size is checked against config.data.stored_size from its header; a JPEG's, and any damage
   inside a file, are found when the file is read. Larger splits, .npz files and tfds datasets
   are checked as they are read.

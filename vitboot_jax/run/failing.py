@@ -192,7 +192,11 @@ def _gone_message(gone: list[int]) -> str:
 
 def fail(message: str, code: int) -> NoReturn:
   """Ends the run with `message` (code 2: a usage error, printed alone) and exit `code`; in a
-  multi-process run, with the first failure's line and code on every process."""
+  multi-process run, with the first failure's line and code on every process.
+
+  For failures once a run of possibly several processes has started (within `watching`). Before
+  JAX loads, in one process: base/cli.fail. Library code raises errors.UsageError instead.
+  """
   if not _multi_process():
     _say(message, code)
     sys.exit(code)

@@ -30,9 +30,10 @@ Output, one JSON object per line:
      eval step alone on a synthetic batch of data.eval_batch_size.
   3. {"summary": ...}: shared/ViT step-time and MACs ratios and the Align overhead (%).
 
-Also here, for every perf tool (kernel_ab, profile_step, lowering, device_plan): a mode's config
-and its step compiled as train.py compiles it (mode_config, compile_mode_step), and the timers;
-they define what the benchmark measures, so they stay beside it (about 520 lines in all).
+Also here, for every perf tool (kernel_ab, profile_step, lowering, recipe_cost;
+launch/device_plan.py): a mode's config and its step compiled as train.py compiles it
+(mode_config, compile_mode_step), its MACs (step_macs, per image for train_compute), and the
+timers; they define what the benchmark measures, so they stay beside it.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def measure_peak(
     "peak_matmul_s": step_s,
     "devices": n,
     "device_kind": jax.devices()[0].device_kind,
-    "allocator": host_memory.description(),  # XLA:CPU steps run 1.3-1.5x faster under jemalloc.
+    "allocator": host_memory.description(),  # It moves XLA:CPU's step times (host_memory.py).
     "cpu_model": cpu_features.cpu_model(),
     "cpu_vector_isa": cpu_features.widest_vector_isa(cpu_features.cpu_flags()),
   }
@@ -236,14 +237,35 @@ class CompiledStep:
     return self.state, metrics
 
 
-def _xla_train_step(config, tx, schedule):
-  """The train step with the xla kernels: MAC counts that do not depend on the machine."""
+def step_macs(
+  config: ml_collections.ConfigDict,
+  trainer: trainer_lib.Trainer,
+  state: Any,
+  batch: dict[str, Any],
+) -> int:
+  """MACs of one train step of `config` on `batch`: the matmuls and convolutions of its jaxpr
+  (models/costs.count_macs), traced with the xla kernels so the count does not depend on the
+  machine. `state` and `batch` may be shapes; twice this is the step's FLOPs."""
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.kernels = "xla"
-  return step_lib.make_train_step(
-    config, build_models(config, kernel_sets.for_config(config)), tx, schedule, _STEPS_PER_EPOCH
-  )
+  models = build_models(config, kernel_sets.for_config(config))
+  step = step_lib.make_train_step(config, models, trainer.tx, trainer.schedule, _STEPS_PER_EPOCH)
+  return costs.count_macs(step, state, batch)
+
+
+def step_macs_per_image(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
+  """`step_macs` of `config` per image of its batch, from shapes alone: nothing is compiled or
+  run and no weights are read (a run's training compute, tools/train_compute.py)."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.data.pipeline = "tfdata"  # The step alone, whatever fed it.
+    config.agent_init_from = config.init_from = ""
+  configlib.validate(config)
+  trainer = trainer_lib.build(config, mesh, _STEPS_PER_EPOCH)
+  state = jax.eval_shape(trainer.fresh_state)
+  batch = synthetic_batch(config, config.batch_size, mesh)
+  return step_macs(config, trainer, state, batch) // config.batch_size
 
 
 def compile_mode_step(
@@ -267,7 +289,7 @@ def compile_mode_step(
   trainer = trainer_lib.build(step_config, mesh, _STEPS_PER_EPOCH, kernels=kernels)
   state = trainer.fresh_state()  # Timings do not depend on the weights' values.
   data = synthetic_batch(config, batch, mesh)
-  macs = costs.count_macs(_xla_train_step(config, trainer.tx, trainer.schedule), state, data)
+  macs = step_macs(config, trainer, state, data)
   start = time.perf_counter()
   compiled = trainer.train_step.lower(state, data).compile(compiler_options=compiler_options)
   compile_s = time.perf_counter() - start

@@ -7,7 +7,7 @@ Builds the config's real train state (parameters and optimizer state, shapes fro
 values random) and saves it with checkpointer.Checkpointer as train.py does, alternating two
 variants in one process: "checksums" (the product: a CRC32 per file recorded in orbax's
 background finalisation) and "none" (the record and its flag switched off, as a step saved before
-issue 55, whose restore reads the item's metadata to learn that and warns). Each variant
+checksums existed, whose restore reads the item's metadata to learn that and warns). Each variant
 saves into its own directory on --dir's disk (keeping 2 steps, removed at the end); restores
 read files the save has just written (warm page cache, as a resume after a crash usually does
 not: a cold read adds the disk's time to both variants).

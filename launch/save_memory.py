@@ -1,7 +1,11 @@
 r"""Host memory over many checkpoint saves, under the allocator settings CPU hosts train with.
 
-  python -m vitboot_jax.tools.perf.save_memory --config=configs/vits_cifar10.py:mode=joint \
+  python -m launch.save_memory --config=configs/vits_cifar10.py:mode=joint \
     --config.image_size=32 --saves 30 --every 3 --rounds 2
+
+The project's own instrument, not a user's tool: it chose the jemalloc settings of
+cpu/host_memory.py (docs/performance.md records its runs), so it lives outside the package; run
+it from the repository root.
 
 Trains the config's train step (jitted and donated as train.py runs it, on a synthetic batch)
 and saves the state with checkpointer.Checkpointer as train.py does (asynchronous, keeping 2),
@@ -10,7 +14,7 @@ round so the machine's drift hits them alike. Each child runs jemalloc preloaded
 setting's MALLOC_CONF, as main re-executes itself on a CPU host (cpu/host_memory.py):
 
   settings: "product" (host_memory's MALLOC_CONF for jemalloc) and "before" (decay off alone,
-    what host_memory set before issue 66); --malloc_conf=NAME=CONF (repeated) gives others (NAME=
+    host_memory's first setting); --malloc_conf=NAME=CONF (repeated) gives others (NAME=
     alone: the system's malloc, what accelerator hosts run with).
   schedules: "every" (a save every --every steps, --saves of them) and "once" (one save, after
     step --every, then as many steps as "every" runs without saving).
@@ -29,9 +33,9 @@ Output, one JSON object per line:
      "minor_faults_per_step" (the process's page faults during a step, median over the same
      steps: fresh pages the allocator had handed back or never had), "allocator"}.
   2. {"summary": ...}: per setting, medians over rounds of peak_rss_bytes, step_s, step_cpu_s
-     and minor_faults_per_step per schedule, "peak_every_over_once" (issue 66 asks at most 1.10)
-     and "rss_growth_bytes" of "every"; and "step_s_before_over_product" per schedule (above
-     1: the product's steps are faster).
+     and minor_faults_per_step per schedule, "peak_every_over_once" (what saving often costs
+     the host's memory) and "rss_growth_bytes" of "every"; and "step_s_before_over_product" per
+     schedule (above 1: the product's steps are faster).
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ def define_flags() -> None:
 
 
 SCHEDULES = ("every", "once")
-# host_memory's MALLOC_CONF before issue 66: pages never returned, nothing else set.
+# host_memory's first MALLOC_CONF: pages never returned, nothing else set.
 BEFORE = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 
 
@@ -176,7 +180,8 @@ def _child(schedule: str, conf: str, library: str) -> dict:
     env["LD_PRELOAD"] = f"{library} {os.environ.get('LD_PRELOAD', '')}".strip()
   else:
     env = {**os.environ, host_memory.OPT_OUT: "1"}
-  argv = [sys.executable, "-m", __spec__.name, *sys.argv[1:], f"--schedule={schedule}"]
+  program = ["-m", __spec__.name] if __spec__ else [__file__]  # `python -m` or the file run.
+  argv = [sys.executable, *program, *sys.argv[1:], f"--schedule={schedule}"]
   out = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
   if out.returncode:
     raise RuntimeError(f"{' '.join(argv)} failed:\n{out.stderr[-3000:]}")

@@ -1,15 +1,19 @@
-r"""One accelerator call's worth of speed anchors (issue 44), as JSON lines, most important first.
+r"""One accelerator call's worth of speed anchors, as JSON lines, most important first.
 
-  JAX_PLATFORMS= python -m vitboot_jax.tools.perf.device_plan --config=configs/vits_cifar100.py \
+  JAX_PLATFORMS= python -m launch.device_plan --config=configs/vits_cifar100.py \
     --budget_s=420 [--out=$OUT/device_plan.jsonl]
+
+The project's own instrument, not a user's tool: it fits the measurements docs/accelerators.md
+records into one time-boxed call on a lent accelerator, so it lives outside the package; run it
+from the repository root (users time their steps with vitboot_jax.tools.perf.benchmark).
 
 Each item runs only while the time budget lasts (the rest are listed as skipped) and a failing
 item prints its error and the next one runs, so one call always returns what it measured; the
 next call passes what an earlier one measured as --skip (the "done" row's names) and goes on:
   1. "peak": the in-run bf16 and float32 (TF32 on GPUs under the default precision) matmul peaks.
   2. "step": our train step (benchmark.compile_mode_step, as train.py jits it) of each mode,
-     dtype and batch, with compile_s, MFU of the bf16 peak ("mfu_bf16_peak", the issue's
-     targets) and of its own dtype's peak.
+     dtype and batch, with compile_s, MFU of the bf16 peak ("mfu_bf16_peak", the targets
+     docs/accelerators.md tracks) and of its own dtype's peak.
   3. "steps_per_call": K steps per jitted call (trainer.multi_step) against one, alternating in
      the same process: per-step time of each and the speedup.
   4. "attention": the xla set's fused attention (jax.nn.dot_product_attention; cuDNN's kernel
@@ -319,7 +323,7 @@ def timm_row(ctx: Context, batch: int) -> dict:
 
 
 def items(ctx: Context) -> list[tuple[str, Callable[[], dict]]]:
-  """(name, thunk) of every measurement, most important first (the issue's targets)."""
+  """(name, thunk) of every measurement, most important first: the ViT and shared steps."""
   plan, p = ctx.plan, functools.partial
   dtype, small, big = plan.dtypes[0], plan.batches[0], plan.batches[-1]
   headline = [m for m in ("vit", "shared") if m in plan.modes]
