@@ -65,7 +65,8 @@ def test_a_runs_checkpoints_give_a_row_per_step_for_every_block(uninterrupted, t
 def test_the_tools_that_read_a_run_import_without_tensorflow():
   # An accelerator host has jax but no TensorFlow: the rung's representations step ran there.
   code = (
-    "from vitboot_jax.tools import hessian, representations\nprint('tensorflow' in sys.modules)\n"
+    "from vitboot_jax.tools.study import hessian, representations\n"
+    "print('tensorflow' in sys.modules)\n"
   )
   proc = without_tensorflow.run(code, env=runs.env(1), timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
