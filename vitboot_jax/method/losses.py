@@ -72,7 +72,7 @@ def _pool_grid2d(x: jax.Array, grid_in: tuple[int, int], grid_out: tuple[int, in
   return x.reshape(b, ho * wo, d)
 
 
-def _adapt(
+def adapt_tokens(
   vit: jax.Array, agent: jax.Array, agent_grid: tuple[int, int], adapt: str
 ) -> tuple[jax.Array, jax.Array]:
   """Brings both token sequences to the same length by pooling the longer one."""
@@ -114,7 +114,7 @@ def _adapt(
   raise ValueError(f"config.loss.adapt={adapt!r} is unknown; choose one of {configlib.ADAPTERS}")
 
 
-def _layer_norm(x: jax.Array, eps: float) -> jax.Array:
+def layer_norm(x: jax.Array, eps: float) -> jax.Array:
   """LayerNorm over channels with gamma=1, beta=0: the official hint LNs are never trained."""
   mean = jnp.mean(x, axis=-1, keepdims=True)
   var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
@@ -173,9 +173,9 @@ def feature_loss(
   b, h, w, d = agent_map.shape
   vit = vit_tokens[:, 1:].astype(jnp.float32)
   agent = jax.lax.stop_gradient(agent_map).astype(jnp.float32).reshape(b, h * w, d)
-  vit, agent = _adapt(vit, agent, (h, w), adapt)
+  vit, agent = adapt_tokens(vit, agent, (h, w), adapt)
   if formula == "official":
-    return jnp.mean(jnp.square(_layer_norm(vit, ln_eps) - _layer_norm(agent, ln_eps)))
+    return jnp.mean(jnp.square(layer_norm(vit, ln_eps) - layer_norm(agent, ln_eps)))
   if formula == "paper":
     diff = _l2_normalise(agent) - _l2_normalise(vit)
     return jnp.mean(jnp.sum(jnp.square(diff), axis=(1, 2)))
@@ -184,20 +184,6 @@ def feature_loss(
   raise ValueError(
     f"config.loss.feature_loss={formula!r} is unknown; choose one of {configlib.FEATURE_FORMULAS}"
   )
-
-
-def feature_loss_floor(
-  agent_map: jax.Array, vit_tokens: int, *, adapt: str = "seq1d", ln_eps: float = 1e-5
-) -> jax.Array:
-  """The official hint's loss (`feature_loss`, formula "official") of a ViT that gives every
-  position of an image the same token, the best such token: where regressing to the image's mean
-  target leaves it. `vit_tokens` is the ViT's number of patch tokens; float32 scalar."""
-  b, h, w, d = agent_map.shape
-  agent = agent_map.astype(jnp.float32).reshape(b, h * w, d)
-  _, agent = _adapt(jnp.zeros((b, vit_tokens, d), jnp.float32), agent, (h, w), adapt)
-  target = _layer_norm(agent, ln_eps)
-  best = _layer_norm(jnp.mean(target, axis=1, keepdims=True), ln_eps)  # Maximises <mean, t>.
-  return jnp.mean(jnp.square(target - best))
 
 
 def feature_losses(
