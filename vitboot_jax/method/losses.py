@@ -218,12 +218,6 @@ def feature_losses(
   return total, per_layer
 
 
-def hint_on(step: jax.Array | int, total_steps: int, until: float) -> jax.Array:
-  """1 while `step` < until x total_steps, then 0: the hint for the first part of the run only
-  (a variant; until=1 keeps it on throughout, the official recipe)."""
-  return (jnp.asarray(step) < round(until * total_steps)).astype(jnp.float32)
-
-
 def feature_weight(
   step: jax.Array | int, steps_per_epoch: int, num_epochs: int | float, per: str = "epoch"
 ) -> jax.Array:

@@ -42,7 +42,7 @@ def _macs_per_image(config_json: str) -> int:
   trainer = trainer_lib.build(config, mesh, benchmark._STEPS_PER_EPOCH)
   state = jax.eval_shape(trainer.fresh_state)
   batch = benchmark.synthetic_batch(config, config.batch_size, mesh)
-  step = benchmark._xla_train_step(config, trainer.tx, trainer.schedule)
+  step = benchmark._xla_train_step(config, trainer)
   return costs.count_macs(step, state, batch) // config.batch_size
 
 

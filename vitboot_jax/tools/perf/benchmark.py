@@ -58,7 +58,6 @@ from vitboot_jax.base import cli, errors
 from vitboot_jax.cpu import devices as cpu_devices
 from vitboot_jax.cpu import features as cpu_features
 from vitboot_jax.cpu import host_memory, matmul
-from vitboot_jax.method import steps as step_lib
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.kernels import Kernels
@@ -236,14 +235,27 @@ class CompiledStep:
     return self.state, metrics
 
 
-def _xla_train_step(config, tx, schedule):
+def _pure_step(config, models, trainer):
+  """The pure train step of `config` with `models`, and the trainer's optimizer, image
+  preparation and step count."""
+  _, step = trainer_lib.make_steps(
+    config,
+    models,
+    trainer.tx,
+    trainer.schedule,
+    steps_per_epoch=_STEPS_PER_EPOCH,
+    total_steps=trainer.total_steps,
+    prepare=trainer.prepare,
+  )
+  return step
+
+
+def _xla_train_step(config, trainer):
   """The train step with the xla kernels: MAC counts that do not depend on the machine."""
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.kernels = "xla"
-  return step_lib.make_train_step(
-    config, build_models(config, kernel_sets.for_config(config)), tx, schedule, _STEPS_PER_EPOCH
-  )
+  return _pure_step(config, build_models(config, kernel_sets.for_config(config)), trainer)
 
 
 def compile_mode_step(
@@ -267,7 +279,7 @@ def compile_mode_step(
   trainer = trainer_lib.build(step_config, mesh, _STEPS_PER_EPOCH, kernels=kernels)
   state = trainer.fresh_state()  # Timings do not depend on the weights' values.
   data = synthetic_batch(config, batch, mesh)
-  macs = costs.count_macs(_xla_train_step(config, trainer.tx, trainer.schedule), state, data)
+  macs = costs.count_macs(_xla_train_step(config, trainer), state, data)
   start = time.perf_counter()
   compiled = trainer.train_step.lower(state, data).compile(compiler_options=compiler_options)
   compile_s = time.perf_counter() - start
@@ -290,9 +302,7 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
   next_input = feed.train(0)
   train_step = trainer.train_step
   if feed.on_device:
-    pure = step_lib.make_train_step(
-      config, trainer.models, trainer.tx, trainer.schedule, _STEPS_PER_EPOCH
-    )
+    pure = _pure_step(config, trainer.models, trainer)
     train_step = jax.jit(
       device_pipeline.feeding(pure, config, step.mesh, feed.info.steps_per_epoch),
       donate_argnums=0,
