@@ -37,7 +37,9 @@ def _setup(arg):
   models = build_models(config, kernel_sets.for_config(config))
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
   state = create_state(models, tx, jax.random.key(0), (32, 32, 3))
-  step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=4)
+  step = steps.make_train_step(
+    config, models, tx, schedule, 4, step_preprocess.make_prepare(config)
+  )
   return config, models, state, step
 
 

@@ -234,26 +234,6 @@ def test_correlation_form_rewards_the_pattern_over_positions_not_the_images_mean
   assert official(shared) < official(unrelated)
 
 
-@pytest.mark.parametrize("adapt", ["seq1d", "pool2d"])
-def test_feature_loss_floor_is_the_best_token_shared_by_an_image(adapt):
-  rng = np.random.default_rng(4)
-  agent = jnp.asarray(rng.standard_normal((3, 8, 8, 12)) + rng.standard_normal((3, 1, 1, 12)))
-  floor = losses.feature_loss_floor(agent, 16, adapt=adapt)
-  # The floor's token: the LayerNorm of the image's mean LayerNorm'd target, at every position.
-  pooled = losses._adapt(jnp.zeros((3, 16, 12)), agent.reshape(3, 64, 12), (8, 8), adapt)[1]
-  best = losses._layer_norm(losses._layer_norm(pooled, 1e-5).mean(1, keepdims=True), 1e-5)
-  shared = lambda token: jnp.concatenate([jnp.zeros((3, 1, 12)), jnp.repeat(token, 16, 1)], 1)
-  np.testing.assert_allclose(
-    losses.feature_loss(shared(best), agent, adapt=adapt), floor, rtol=1e-5
-  )
-  for _ in range(5):  # Any other shared token does worse.
-    other = best + 0.3 * jnp.asarray(rng.standard_normal((3, 1, 12)))
-    assert losses.feature_loss(shared(other), agent, adapt=adapt) > floor
-  assert 0.0 < float(floor) < 2.0
-  constant = jnp.broadcast_to(agent[:, :1, :1], agent.shape)  # Nothing varies between positions.
-  assert float(losses.feature_loss_floor(constant, 16, adapt=adapt)) < 1e-6
-
-
 @pytest.mark.parametrize("formula", ["official", "paper", "corr"])
 @pytest.mark.parametrize("adapt", ["seq1d", "pool2d"])
 def test_feature_loss_teacher_has_no_gradient(formula, adapt):

@@ -130,10 +130,11 @@ def test_measuring_the_shares_leaves_the_step_unchanged():
 def test_the_shares_are_the_gradients_of_each_term_alone():
   config, models, _, state, _ = setup("joint", log_hint_shares=True)
   variants = hint_variants.for_config(config, total_steps=4)
+  measured = functools.partial(variants.vit_gradient, log_hint=True)
   batch = batch_of()
   _, _, terms = jax.jit(
     lambda v: steps.model_gradients(
-      config, models, v, batch, jax.random.key(3), jnp.float32(0.5), variants, True
+      config, models, v, batch, jax.random.key(3), jnp.float32(0.5), measured
     )
   )({"params": state.params, "batch_stats": state.batch_stats})
   ce_only, *_ = setup("joint", **{"loss.kd_vit": 0.0, "loss.feature_vit": 0.0})
@@ -169,9 +170,9 @@ def optax_norm(tree):
 
 def test_until_turns_the_hint_off_after_its_fraction():
   # 10 steps, until=0.3: on for steps 0-2.
-  on = [float(losses.hint_on(jnp.int32(t), 10, 0.3)) for t in range(10)]
+  on = [float(hint_variants.hint_on(jnp.int32(t), 10, 0.3)) for t in range(10)]
   assert on == [1.0] * 3 + [0.0] * 7
-  assert all(float(losses.hint_on(jnp.int32(t), 10, 1.0)) == 1.0 for t in range(10))
+  assert all(float(hint_variants.hint_on(jnp.int32(t), 10, 1.0)) == 1.0 for t in range(10))
 
 
 def test_layers_keeps_the_last_pairs_and_projectors_map_the_vit_tokens():

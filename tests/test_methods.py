@@ -8,6 +8,7 @@ import pytest
 
 from tests.config_files import load_config
 from vitboot_jax import kernel_sets, optim
+from vitboot_jax.data import step_preprocess
 from vitboot_jax.method import steps
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import build_models
@@ -34,7 +35,9 @@ def make(config):
   image_shape = (config.image_size, config.image_size, 3)
   state = create_state(models, tx, jax.random.key(0), image_shape)
   state = state.replace(params=models.init_on_host(state.params, jax.random.key(0)))
-  step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=4)
+  step = steps.make_train_step(
+    config, models, tx, schedule, 4, step_preprocess.make_prepare(config)
+  )
   return models, tx, state, step
 
 
@@ -134,7 +137,9 @@ def test_cnn_baseline_configs_build_a_train_step(name):
   models = build_models(config, kernel_sets.for_config(config))
   assert models.names == ("cnn",)
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=10)
-  step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=10)
+  step = steps.make_train_step(
+    config, models, tx, schedule, 10, step_preprocess.make_prepare(config)
+  )
   image_shape = (config.image_size, config.image_size, 3)
   state = jax.eval_shape(lambda r: create_state(models, tx, r, image_shape), jax.random.key(0))
   batch = {
@@ -153,7 +158,9 @@ def test_paper_configs_build_with_switches(switch):
   config = load_config("vits_cifar100", f"mode=shared,{switch}")
   models = build_models(config, kernel_sets.for_config(config))
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=10)
-  step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=10)
+  step = steps.make_train_step(
+    config, models, tx, schedule, 10, step_preprocess.make_prepare(config)
+  )
   state = jax.eval_shape(lambda r: create_state(models, tx, r, (224, 224, 3)), jax.random.key(0))
   batch = {
     "image": jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.float32),

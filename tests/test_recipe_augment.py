@@ -192,7 +192,7 @@ def _host_finished(config, batch):
 
 def test_the_same_key_gives_the_same_batch_from_both_pipelines():
   config = _config(recipe="deit")
-  batch_fn = jax.jit(recipe_augment.make_batch_fn(config))
+  batch_fn = jax.jit(recipe_augment.make_batch_fn(config, step_preprocess.make_prepare(config)))
   device = _uint8_batch()
   key = jax.random.key(5)
   a, b = batch_fn(device, key), batch_fn(_host_finished(config, device), key)
@@ -208,7 +208,9 @@ def test_the_same_key_gives_the_same_batch_from_both_pipelines():
 def test_recipe_off_is_prepare_alone():
   config = _config()
   batch = _uint8_batch()
-  out = recipe_augment.make_batch_fn(config)(batch, jax.random.key(0))
+  out = recipe_augment.make_batch_fn(config, step_preprocess.make_prepare(config))(
+    batch, jax.random.key(0)
+  )
   assert set(out) == {"image", "label"}
   prepared = step_preprocess.make_prepare(config)(batch["image"])
   np.testing.assert_array_equal(np.asarray(out["image"]), np.asarray(prepared))
@@ -252,7 +254,7 @@ def test_teachers_terms_are_computed_on_the_mixed_batch():
   _, _, _, state_off, step_off = tiny_steps.setup("joint")
   batch = _uint8_batch()
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-  mixed = recipe_augment.make_batch_fn(config)(batch, rng)
+  mixed = recipe_augment.make_batch_fn(config, step_preprocess.make_prepare(config))(batch, rng)
   assert not np.allclose(
     np.asarray(mixed["image"]), np.asarray(_host_finished(config, batch)["image"])
   )

@@ -3,6 +3,7 @@
 import json
 import shutil
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.tree_util import keystr, tree_flatten_with_path
@@ -10,6 +11,7 @@ from jax.tree_util import keystr, tree_flatten_with_path
 from tests import runs, without_tensorflow
 from vitboot_jax.base import errors
 from vitboot_jax.checkpoint import step_dirs
+from vitboot_jax.method import losses
 from vitboot_jax.tools.study import representations
 
 
@@ -42,6 +44,26 @@ def test_attention_entropy_runs_from_zero_to_uniform():
   one_hot = representations.layer_stats(features, np.broadcast_to(np.eye(5), (4, 3, 5, 5)))
   assert one_hot["entropy"] == pytest.approx(0.0, abs=1e-9)
   assert one_hot["cls_rank"] > 1.0  # Four class tokens of random features spread.
+
+
+@pytest.mark.parametrize("adapt", ["seq1d", "pool2d"])
+def test_feature_loss_floor_is_the_best_token_shared_by_an_image(adapt):
+  rng = np.random.default_rng(4)
+  agent = jnp.asarray(rng.standard_normal((3, 8, 8, 12)) + rng.standard_normal((3, 1, 1, 12)))
+  floor = representations.feature_loss_floor(agent, 16, adapt=adapt)
+  # The floor's token: the LayerNorm of the image's mean LayerNorm'd target, at every position.
+  pooled = losses.adapt_tokens(jnp.zeros((3, 16, 12)), agent.reshape(3, 64, 12), (8, 8), adapt)[1]
+  best = losses.layer_norm(losses.layer_norm(pooled, 1e-5).mean(1, keepdims=True), 1e-5)
+  shared = lambda token: jnp.concatenate([jnp.zeros((3, 1, 12)), jnp.repeat(token, 16, 1)], 1)
+  np.testing.assert_allclose(
+    losses.feature_loss(shared(best), agent, adapt=adapt), floor, rtol=1e-5
+  )
+  for _ in range(5):  # Any other shared token does worse.
+    other = best + 0.3 * jnp.asarray(rng.standard_normal((3, 1, 12)))
+    assert losses.feature_loss(shared(other), agent, adapt=adapt) > floor
+  assert 0.0 < float(floor) < 2.0
+  constant = jnp.broadcast_to(agent[:, :1, :1], agent.shape)  # Nothing varies between positions.
+  assert float(representations.feature_loss_floor(constant, 16, adapt=adapt)) < 1e-6
 
 
 @pytest.mark.slow

@@ -95,7 +95,9 @@ def test_steps_take_uint8_batches():
     "image": jax.ShapeDtypeStruct((4, *shape), dtype),
     "label": jax.ShapeDtypeStruct((4,), jnp.int32),
   }
-  step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=4)
+  step = steps.make_train_step(
+    config, models, tx, schedule, 4, step_preprocess.make_prepare(config)
+  )
   new_state, metrics = jax.eval_shape(step, state, batch)
   assert metrics["train/loss_vit"].shape == ()
   eval_step = evaluate.make_eval_step(models, step_preprocess.make_prepare(config))

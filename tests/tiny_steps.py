@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from tests.config_files import load_config
-from vitboot_jax import kernel_sets, optim
-from vitboot_jax.method import hint_variants, steps
+from vitboot_jax import configlib, kernel_sets, optim
+from vitboot_jax import trainer as trainer_lib
+from vitboot_jax.data import step_preprocess
+from vitboot_jax.method import steps
 from vitboot_jax.models.build import build_models
-from vitboot_jax.state import create_state
 
 
 def jitted_gradients(config, models, variables, batch, rng, weight):
@@ -43,9 +44,16 @@ def setup(mode="shared", **updates):
   config = tiny_config(mode, **updates)
   models = build_models(config, kernel_sets.for_config(config))
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch=4)
-  state = create_state(models, tx, jax.random.key(0), (32, 32, 3))
-  step = steps.make_train_step(config, models, tx, schedule, steps_per_epoch=4)
-  return config, models, tx, state, step
+  init, step = trainer_lib.make_steps(
+    config,
+    models,
+    tx,
+    schedule,
+    steps_per_epoch=4,
+    total_steps=configlib.total_steps(config, 4),
+    prepare=step_preprocess.make_prepare(config),
+  )
+  return config, models, tx, init(jax.random.key(0)), step
 
 
 def gradients(config, models, state, batch, weight=1.0):
@@ -61,10 +69,7 @@ def run(mode, n=4, **updates):
 
 @functools.cache
 def _run(mode, n, updates):
-  config, models, tx, _, step = setup(mode, **dict(updates))
-  state = create_state(
-    models, tx, jax.random.key(0), (32, 32, 3), stats=hint_variants.initial_stats(config)
-  )
+  _, _, _, state, step = setup(mode, **dict(updates))
   step = jax.jit(step)
   history = []
   for i in range(n):

@@ -26,18 +26,14 @@ def create_state(
   tx: optax.GradientTransformation,
   rng: jax.Array,
   image_shape: tuple[int, ...],
-  stats: dict[str, Any] | None = None,
 ) -> TrainState:
-  """Initial state; call under `jax.jit(..., out_shardings=...)` or `jax.eval_shape`.
-
-  `stats`: training statistics kept beside the models' BatchNorm ones (hint_variants.initial_stats).
-  """
+  """Initial state; call under `jax.jit(..., out_shardings=...)` or `jax.eval_shape`."""
   init_rng, train_rng = jax.random.split(rng)
   variables = models.init(init_rng, jnp.zeros((1, *image_shape), jnp.float32))
   return TrainState(
     step=jnp.zeros((), jnp.int32),
     params=variables["params"],
-    batch_stats={**variables["batch_stats"], **(stats or {})},
+    batch_stats=variables["batch_stats"],
     opt_state=tx.init(variables["params"]),
     rng=jax.random.key_data(train_rng),
   )

@@ -248,8 +248,8 @@ def train_and_evaluate(
   workdir_rules.check_data(workdir, data_record)  # No resume on other data.
   feed.check_eval_split()  # Bad test images fail now.
   steps_per_epoch = info.steps_per_epoch
-  total_steps = configlib.total_steps(config, steps_per_epoch)
   trainer = trainer_lib.build(config, mesh, steps_per_epoch)
+  total_steps = trainer.total_steps
 
   ckpt = checkpointer.Checkpointer(
     workdir, keep=config.keep_checkpoints, save_every_steps=config.checkpoint_every_steps

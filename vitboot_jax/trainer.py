@@ -1,7 +1,9 @@
 """What one config trains with: models, optimizer, sharded state and the jitted steps.
 
 `build(config, mesh, steps_per_epoch)` is the one setup of train.py, tools/perf/benchmark.py and
-tools/visualize.py; train.py keeps the loop. The config is taken as valid: the entry points call
+tools/visualize.py; train.py keeps the loop. `make_steps` is where the pure init and step are made
+(the official ones, which the mechanism study's hint variants wrap), for build and for the tools
+that lower or count a step without a mesh. The config is taken as valid: the entry points call
 configlib.validate once.
 """
 
@@ -16,7 +18,7 @@ import jax
 import ml_collections
 import optax
 
-from vitboot_jax import evaluate, init_from, kernel_sets, optim, sharding
+from vitboot_jax import configlib, evaluate, init_from, kernel_sets, optim, sharding
 from vitboot_jax.data import device_pipeline, step_preprocess
 from vitboot_jax.method import hint_variants, steps
 from vitboot_jax.models.build import ModelSet, build_models
@@ -44,6 +46,7 @@ class Trainer:
   multi_step: Callable[[int], Callable[..., tuple[TrainState, dict[str, jax.Array]]]]
   eval_step: Callable[..., dict[str, Any]]  # Jitted (params, batch_stats, batch) -> sums.
   prepare: Callable[[jax.Array], jax.Array]  # Finishes shipped images on the device.
+  total_steps: int  # The optimiser steps of the run (configlib.total_steps).
 
   @property
   def replicated(self) -> jax.sharding.NamedSharding:
@@ -68,6 +71,26 @@ class Trainer:
     return state
 
 
+def make_steps(
+  config: ml_collections.ConfigDict,
+  models: ModelSet,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  *,
+  steps_per_epoch: int,
+  total_steps: int,
+  prepare: Callable[[jax.Array], jax.Array],
+) -> tuple[Callable[[jax.Array], TrainState], steps.StepFn]:
+  """The pure init (rng -> fresh state; jit it or eval_shape it) and train step of `config`:
+  the official ones, which the mechanism study's hint variants wrap when a switch is set."""
+  image_shape = (config.image_size, config.image_size, 3)
+  init = functools.partial(create_state, models, tx, image_shape=image_shape)
+  make_step = functools.partial(
+    steps.make_train_step, config, models, tx, schedule, steps_per_epoch, prepare
+  )
+  return hint_variants.wrap(config, total_steps, init, make_step)
+
+
 def build(
   config: ml_collections.ConfigDict,
   mesh: jax.sharding.Mesh,
@@ -81,18 +104,24 @@ def build(
   """
   models = build_models(config, kernels or kernel_sets.for_config(config, mesh.devices.flat))
   tx, schedule = optim.mode_optimizer(config, models.names, steps_per_epoch)
-  # Sharded init: shapes first, then one jitted init that writes straight into the shardings.
-  image_shape = (config.image_size, config.image_size, 3)
-  init = functools.partial(
-    create_state, models, tx, image_shape=image_shape, stats=hint_variants.initial_stats(config)
+  total_steps = configlib.total_steps(config, steps_per_epoch)
+  prepare = step_preprocess.make_prepare(config)  # The train and the eval step's, one copy.
+  init, step_fn = make_steps(
+    config,
+    models,
+    tx,
+    schedule,
+    steps_per_epoch=steps_per_epoch,
+    total_steps=total_steps,
+    prepare=prepare,
   )
+  # Sharded init: shapes first, then one jitted init that writes straight into the shardings.
   abstract_state = jax.eval_shape(init, jax.random.key(config.seed))
   replicated = sharding.replicated(mesh)
   state_sharding = jax.tree.map(lambda _: replicated, abstract_state)
   abstract_state = jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sharding
   )
-  step_fn = steps.make_train_step(config, models, tx, schedule, steps_per_epoch)
   on_device = config.data.get("pipeline", "tfdata") == "device"
   if on_device:  # The batch is made inside the step, from the dataset on the devices.
     step_fn = device_pipeline.feeding(step_fn, config, mesh, steps_per_epoch)
@@ -111,7 +140,6 @@ def build(
 
     return jit_step(call)
 
-  prepare = step_preprocess.make_prepare(config)
   eval_step = jax.jit(
     evaluate.make_eval_step(models, prepare),
     out_shardings=replicated,
@@ -130,4 +158,5 @@ def build(
     multi_step=multi_step,
     eval_step=eval_step,
     prepare=prepare,
+    total_steps=total_steps,
   )

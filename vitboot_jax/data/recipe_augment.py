@@ -29,7 +29,7 @@ import ml_collections
 import optax
 
 from vitboot_jax import configlib
-from vitboot_jax.data import randaugment, randaugment_policy, step_preprocess
+from vitboot_jax.data import randaugment, randaugment_policy
 
 Batch = dict[str, jax.Array]
 
@@ -157,12 +157,13 @@ def targets(labels: jax.Array, num_classes: int, smoothing: float) -> jax.Array:
   return optax.smooth_labels(one_hot, smoothing) if smoothing else one_hot
 
 
-def make_batch_fn(config: ml_collections.ConfigDict) -> Callable[[Batch, jax.Array], Batch]:
+def make_batch_fn(
+  config: ml_collections.ConfigDict, prepare: Callable[[jax.Array], jax.Array]
+) -> Callable[[Batch, jax.Array], Batch]:
   """`batch_fn(batch, key) -> batch`: the model input of every model of the step. With the
-  recipe off it is `prepare` alone (the official step, bit for bit); with it on, the images go
-  through the recipe and the batch gains "target" (float32 [B, classes], summing to 1), which the
-  cross-entropies then read instead of "label"."""
-  prepare = step_preprocess.make_prepare(config)
+  recipe off it is `prepare` (step_preprocess.make_prepare) alone (the official step, bit for
+  bit); with it on, the images go through the recipe and the batch gains "target" (float32
+  [B, classes], summing to 1), which the cross-entropies then read instead of "label"."""
   if not enabled(config):
     return lambda batch, key: {**batch, "image": prepare(batch["image"])}
   mean_values, std_values = configlib.NORMALISATION[config.data.normalisation]

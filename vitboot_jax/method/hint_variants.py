@@ -1,6 +1,6 @@
 """The mechanism study's variants of the hint (the ViT's feature term), kept apart from the
-paper's step: steps.py runs the official recipe and calls this module through one seam, a
-`Variants` that `for_config` builds only when a switch is set (None: the official step, unchanged).
+paper's step: `wrap` takes the official init and step (steps.make_train_step) and returns them
+unchanged where no switch is set, else the variants' (trainer.make_steps calls it, once).
 
   until=F    (loss.feature_until)   the hint during the first fraction F of the steps only.
   gate=A     (loss.feature_gate)    the hint off until the agent's running train top-1 reaches A,
@@ -16,6 +16,7 @@ the model set's projector).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -24,23 +25,23 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vitboot_jax.method import losses
+from vitboot_jax.state import TrainState
 
 Metrics = dict[str, jax.Array]
-# (groups of loss parts) -> per group (its gradient on the params, on the loss params).
-Shares = Callable[[list[tuple[str, ...]]], list[tuple[Any, Any]]]
+StepFn = Callable[[TrainState, Any], tuple[TrainState, Metrics]]
+# The ViT's loss as a function of its own outputs, its loss params and the parts it sums
+# (steps.PARTS): (loss, terms).
+LossFn = Callable[..., tuple[jax.Array, Metrics]]
 
 # The gate's running statistics in batch_stats (checkpointed with the state), only when it is set.
 GATE = "feature_gate"
 GATE_DECAY = 0.98  # The running top-1's time constant: ~50 steps.
 
 
-def initial_stats(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Training statistics beside the models' BatchNorm ones: the hint gate's, when set."""
-  if not config.loss.get("feature_gate", 0.0):
-    return {}
-  zero = jnp.zeros((), jnp.float32)
-  return {GATE: {"top1_ema": zero, "steps": zero, "open": zero}}
+def hint_on(step: jax.Array | int, total_steps: int, until: float) -> jax.Array:
+  """1 while `step` < until x total_steps, then 0: the hint for the first part of the run only
+  (until=1 keeps it on throughout, the official recipe)."""
+  return (jnp.asarray(step) < round(until * total_steps)).astype(jnp.float32)
 
 
 def running_top1(gate: dict[str, jax.Array]) -> jax.Array:
@@ -59,8 +60,8 @@ def update_gate(gate: dict[str, jax.Array], top1: jax.Array, threshold: float) -
 
 @dataclasses.dataclass(frozen=True)
 class Variants:
-  """The hint variants of one run (fields: the config's), applied by the step through
-  `hint_weight`, `vit_gradient` and `after_step`."""
+  """The hint variants of one run (fields: the config's), which the official step applies
+  through its one seam, `hint` (steps.Hint)."""
 
   until: float
   gate: float
@@ -69,17 +70,23 @@ class Variants:
   log_every_steps: int
   total_steps: int
 
+  def hint(self, state: TrainState, weight: jax.Array) -> tuple[jax.Array, Callable[..., Any]]:
+    """The hint at the state's step: its weight (`hint_weight` of the official `weight`) and
+    how the ViT's gradient takes it (`vit_gradient`, the shares measured on logged steps)."""
+    weight = self.hint_weight(weight, state.step, state.batch_stats)
+    return weight, functools.partial(self.vit_gradient, log_hint=self.log_hint(state.step))
+
   def hint_weight(
     self, weight: jax.Array, step: jax.Array, batch_stats: dict[str, Any]
   ) -> jax.Array:
     """The hint's weight at `step` with `until` and the gate applied to the official `weight`."""
     if self.until < 1.0:
-      weight = weight * losses.hint_on(step, self.total_steps, self.until)
+      weight = weight * hint_on(step, self.total_steps, self.until)
     if self.gate:
       if GATE not in batch_stats:
         raise ValueError(
           "config.loss.feature_gate is set but the state has no gate statistics: create it with "
-          "state.create_state(..., stats=hint_variants.initial_stats(config))"
+          "the init of hint_variants.wrap (trainer.make_steps)"
         )
       weight = weight * batch_stats[GATE]["open"]
     return weight
@@ -94,15 +101,22 @@ class Variants:
 
   def vit_gradient(
     self,
-    shares: Shares,
+    loss_fn: LossFn,
+    own: Any,
+    loss_params: dict[str, Any],
     pullback: Callable[[Any], tuple[Any]],
     cotangent: Any,
     loss_params_grad: Any,
-    log_hint: jax.Array | bool,
+    log_hint: jax.Array | bool = False,
   ) -> tuple[Any, Any, Metrics]:
     """The ViT's gradient (params, loss params) and the norms of its CE and hint shares: with
     `balance`, the hint's share scaled to at most that multiple of the CE share's norm, every
-    step; else one pullback of the whole loss, the shares measured when `log_hint`."""
+    step; else one pullback of the whole loss, the shares measured when `log_hint`.
+
+    `loss_fn` at `own` (the ViT's outputs) and `loss_params`, `pullback` (of its forward),
+    `cotangent` and `loss_params_grad` (the whole loss's gradients): steps.model_gradients'.
+    """
+    shares = functools.partial(_shares, loss_fn, own, loss_params, pullback)
     if self.balance > 0:
       (g_ce, p_ce), (g_feature, p_feature), (g_rest, p_rest) = shares(
         [("ce",), ("feature",), ("kd", "distill", "drloc")]
@@ -127,15 +141,6 @@ class Variants:
       return grad, loss_params_grad, measure() if log_hint else {}
     return grad, loss_params_grad, jax.lax.cond(log_hint, measure, zeros)
 
-  def after_step(
-    self, batch_stats: dict[str, Any], new_stats: dict[str, Any], metrics: Metrics
-  ) -> tuple[dict[str, Any], Metrics]:
-    """`new_stats` with the gate's statistics after the step, `metrics` with its running top-1."""
-    if not self.gate:
-      return new_stats, metrics
-    gate = update_gate(batch_stats[GATE], metrics["train/top1_agent"], self.gate)
-    return {**new_stats, GATE: gate}, {**metrics, "train/feature_gate_top1": running_top1(gate)}
-
 
 def for_config(config: ml_collections.ConfigDict, total_steps: int) -> Variants | None:
   """The run's hint variants, or None where the config runs the official hint."""
@@ -152,6 +157,55 @@ def for_config(config: ml_collections.ConfigDict, total_steps: int) -> Variants 
     variants.gate or variants.balance or variants.log_shares
   )
   return None if official else variants
+
+
+def wrap(
+  config: ml_collections.ConfigDict,
+  total_steps: int,
+  init: Callable[[jax.Array], TrainState],
+  make_step: Callable[..., StepFn],
+) -> tuple[Callable[[jax.Array], TrainState], StepFn]:
+  """The run's init (rng -> fresh state) and pure train step, from the official ones: `init`
+  and `make_step(hint=...)` (steps.make_train_step, all else bound). Where no switch is set they
+  are the official ones; else the step applies the variants' `hint`, and with the gate the state
+  carries the gate's statistics, updated after each step from the agent's train top-1."""
+  variants = for_config(config, total_steps)
+  if variants is None:
+    return init, make_step()
+  step = make_step(hint=variants.hint)
+  if not variants.gate:
+    return init, step
+
+  def gated_init(rng: jax.Array) -> TrainState:
+    state, zero = init(rng), jnp.zeros((), jnp.float32)
+    gate = {"top1_ema": zero, "steps": zero, "open": zero}  # Closed, no step seen.
+    return state.replace(batch_stats={**state.batch_stats, GATE: gate})
+
+  def train_step(state: TrainState, batch: Any) -> tuple[TrainState, Metrics]:
+    new_state, metrics = step(state, batch)
+    gate = update_gate(state.batch_stats[GATE], metrics["train/top1_agent"], variants.gate)
+    metrics = {**metrics, "train/feature_gate_top1": running_top1(gate)}
+    return new_state.replace(batch_stats={**new_state.batch_stats, GATE: gate}), metrics
+
+  return gated_init, train_step
+
+
+def _shares(
+  loss_fn: LossFn,
+  own: Any,
+  loss_params: dict[str, Any],
+  pullback: Callable[[Any], tuple[Any]],
+  groups: list[tuple[str, ...]],
+) -> list[tuple[Any, Any]]:
+  """Per group of loss parts (steps.PARTS): that share's gradient on the params (one batched
+  pullback for all groups) and on the loss params."""
+  cotangents = [
+    jax.grad(lambda o, p, parts=parts: loss_fn(o, p, parts)[0], argnums=(0, 1))(own, loss_params)
+    for parts in groups
+  ]
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[c for c, _ in cotangents])
+  (batched,) = jax.vmap(pullback)(stacked)
+  return [(jax.tree.map(lambda x, i=i: x[i], batched), p) for i, (_, p) in enumerate(cotangents)]
 
 
 def _hint_norms(norm_ce: jax.Array, norm_feature: jax.Array) -> Metrics:

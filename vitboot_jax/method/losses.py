@@ -71,7 +71,7 @@ def _pool_grid2d(x: jax.Array, grid_in: tuple[int, int], grid_out: tuple[int, in
   return x.reshape(b, ho * wo, d)
 
 
-def _adapt(
+def adapt_tokens(
   vit: jax.Array, agent: jax.Array, agent_grid: tuple[int, int], adapt: str
 ) -> tuple[jax.Array, jax.Array]:
   """Brings both token sequences to the same length by pooling the longer one."""
@@ -110,7 +110,7 @@ def _adapt(
   return vit, _pool_grid2d(agent, src, dst)
 
 
-def _layer_norm(x: jax.Array, eps: float) -> jax.Array:
+def layer_norm(x: jax.Array, eps: float) -> jax.Array:
   """LayerNorm over channels with gamma=1, beta=0: the official hint LNs are never trained."""
   mean = jnp.mean(x, axis=-1, keepdims=True)
   var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
@@ -169,28 +169,14 @@ def feature_loss(
   b, h, w, d = agent_map.shape
   vit = vit_tokens[:, 1:].astype(jnp.float32)
   agent = jax.lax.stop_gradient(agent_map).astype(jnp.float32).reshape(b, h * w, d)
-  vit, agent = _adapt(vit, agent, (h, w), adapt)
+  vit, agent = adapt_tokens(vit, agent, (h, w), adapt)
   if formula == "official":
-    return jnp.mean(jnp.square(_layer_norm(vit, ln_eps) - _layer_norm(agent, ln_eps)))
+    return jnp.mean(jnp.square(layer_norm(vit, ln_eps) - layer_norm(agent, ln_eps)))
   if formula == "paper":
     diff = _l2_normalise(agent) - _l2_normalise(vit)
     return jnp.mean(jnp.sum(jnp.square(diff), axis=(1, 2)))
   # "corr": configlib.validate checked the config's choice.
   return jnp.mean(1.0 - _position_correlation(vit, agent, ln_eps))
-
-
-def feature_loss_floor(
-  agent_map: jax.Array, vit_tokens: int, *, adapt: str = "seq1d", ln_eps: float = 1e-5
-) -> jax.Array:
-  """The official hint's loss (`feature_loss`, formula "official") of a ViT that gives every
-  position of an image the same token, the best such token: where regressing to the image's mean
-  target leaves it. `vit_tokens` is the ViT's number of patch tokens; float32 scalar."""
-  b, h, w, d = agent_map.shape
-  agent = agent_map.astype(jnp.float32).reshape(b, h * w, d)
-  _, agent = _adapt(jnp.zeros((b, vit_tokens, d), jnp.float32), agent, (h, w), adapt)
-  target = _layer_norm(agent, ln_eps)
-  best = _layer_norm(jnp.mean(target, axis=1, keepdims=True), ln_eps)  # Maximises <mean, t>.
-  return jnp.mean(jnp.square(target - best))
 
 
 def feature_losses(
@@ -223,12 +209,6 @@ def feature_losses(
     per_layer[layer] = feature_loss(vit, agent_features[layer], **kwargs)
   total = sum(per_layer.values(), jnp.zeros((), jnp.float32))
   return total, per_layer
-
-
-def hint_on(step: jax.Array | int, total_steps: int, until: float) -> jax.Array:
-  """1 while `step` < until x total_steps, then 0: the hint for the first part of the run only
-  (a variant; until=1 keeps it on throughout, the official recipe)."""
-  return (jnp.asarray(step) < round(until * total_steps)).astype(jnp.float32)
 
 
 def feature_weight(

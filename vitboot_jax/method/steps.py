@@ -17,7 +17,6 @@ backward pass of each model, not two passes of both.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -26,10 +25,9 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vitboot_jax import configlib
 from vitboot_jax.data import recipe_augment
 from vitboot_jax.method import align as align_lib
-from vitboot_jax.method import drloc, hint_variants, losses
+from vitboot_jax.method import drloc, losses
 from vitboot_jax.models import sharing
 from vitboot_jax.models.build import ModelSet
 from vitboot_jax.state import TrainState
@@ -37,6 +35,14 @@ from vitboot_jax.state import TrainState
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 StepFn = Callable[[TrainState, Any], tuple[TrainState, Metrics]]
+# Draws the gradient of a model with a feature term from its loss, in place of one pullback of
+# the whole loss: (loss as a function of (own outputs, loss params, parts), own outputs, loss
+# params, pullback of the forward, d loss / d outputs, d loss / d loss params) -> (gradient on
+# the params, on the loss params, metrics).
+HintGradient = Callable[..., tuple[Any, Any, Metrics]]
+# A variant of how a step applies the ViT's feature term (hint_variants.Variants.hint): (state,
+# the official weight w(t)) -> (the weight applied, the ViT's HintGradient or None).
+Hint = Callable[[TrainState, jax.Array], tuple[jax.Array, HintGradient | None]]
 
 
 def _accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -120,13 +126,12 @@ def model_gradients(
   batch: Batch,
   rng: jax.Array,
   feature_weight: jax.Array,
-  variants: hint_variants.Variants | None = None,
-  log_hint: jax.Array | bool = False,
+  hint_gradient: HintGradient | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], Metrics]:
   """({name: gradient of that model's loss w.r.t. all params}, new batch_stats, loss terms).
 
-  `variants` (hint_variants; None: the official recipe) take the ViT's gradient where it has a
-  feature term: a cap on the hint's share, or its share measured when `log_hint`.
+  `hint_gradient` (a variant's; None: one pullback of the loss, the official recipe) draws the
+  gradient of the model with a feature term, the ViT, from its loss.
   """
   images, labels, targets = batch["image"], batch["label"], batch.get("target")
   outputs, pullbacks, new_stats = {}, {}, dict(variables["batch_stats"])
@@ -175,12 +180,9 @@ def model_gradients(
     (loss, model_terms), (cotangent, loss_params_grad) = jax.value_and_grad(
       loss_of_own_output, argnums=(0, 1), has_aux=True
     )(outputs[name], loss_params)
-    if variants is not None and "feature" in model_terms:
-      shares = functools.partial(
-        _shares, loss_of_own_output, outputs[name], loss_params, pullbacks[name]
-      )
-      grads[name], loss_params_grad, hint_metrics = variants.vit_gradient(
-        shares, pullbacks[name], cotangent, loss_params_grad, log_hint
+    if hint_gradient is not None and "feature" in model_terms:
+      grads[name], loss_params_grad, hint_metrics = hint_gradient(
+        loss_of_own_output, outputs[name], loss_params, pullbacks[name], cotangent, loss_params_grad
       )
       terms.update(hint_metrics)
     elif name == "agent" and frozen:
@@ -195,44 +197,30 @@ def model_gradients(
   return grads, new_stats, terms
 
 
-def _shares(
-  loss_fn: Callable[..., tuple[jax.Array, Metrics]],
-  own: Any,
-  loss_params: dict[str, Any],
-  pullback: Callable[[Any], tuple[Any]],
-  groups: list[tuple[str, ...]],
-) -> list[tuple[Any, Any]]:
-  """Per group of loss parts (PARTS): that share's gradient on the params (one batched pullback
-  for all groups) and on the loss params."""
-  cotangents = [
-    jax.grad(lambda o, p, parts=parts: loss_fn(o, p, parts)[0], argnums=(0, 1))(own, loss_params)
-    for parts in groups
-  ]
-  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[c for c, _ in cotangents])
-  (batched,) = jax.vmap(pullback)(stacked)
-  return [(jax.tree.map(lambda x, i=i: x[i], batched), p) for i, (_, p) in enumerate(cotangents)]
-
-
 def make_train_step(
   config: ml_collections.ConfigDict,
   models: ModelSet,
   tx: optax.GradientTransformation,
   schedule: Callable[[jax.Array], jax.Array],
   steps_per_epoch: int,
+  prepare: Callable[[jax.Array], jax.Array],
+  hint: Hint | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
-  """Returns the pure `train_step(state, batch) -> (state, metrics)`; jit it with donation."""
+  """Returns the pure `train_step(state, batch) -> (state, metrics)`; jit it with donation.
+
+  `prepare` finishes the shipped images on the device (step_preprocess.make_prepare, built once
+  by the caller). `hint` (None: the official recipe) is the one seam of the mechanism study's
+  variants (hint_variants.wrap), asked once a step for the hint's weight and the ViT's gradient.
+  """
   names = models.names
   # The model input of every model: prepare (resize, normalise), and the field's recipe if on.
-  batch_fn = recipe_augment.make_batch_fn(config)
+  batch_fn = recipe_augment.make_batch_fn(config, prepare)
 
-  # The mechanism study's hint variants, one seam (None: the official recipe).
-  variants = hint_variants.for_config(config, configlib.total_steps(config, steps_per_epoch))
-
-  def direction(params, batch_stats, batch, rng, weight, log_hint=False):
+  def direction(params, batch_stats, batch, rng, weight, hint_gradient=None):
     """The update direction of the mode at `params`, the new BatchNorm stats and metrics."""
     variables = {"params": params, "batch_stats": batch_stats}
     grads, new_stats, terms = model_gradients(
-      config, models, variables, batch, rng, weight, variants, log_hint
+      config, models, variables, batch, rng, weight, hint_gradient
     )
     metrics = {f"train/{k}": v for k, v in terms.items()}
     if len(names) == 1:
@@ -261,22 +249,19 @@ def make_train_step(
     weight = losses.feature_weight(
       state.step, steps_per_epoch, config.num_epochs, per=config.loss.feature_decay
     )
-    log_hint = False
-    if variants is not None:
-      weight = variants.hint_weight(weight, state.step, state.batch_stats)
-      log_hint = variants.log_hint(state.step)
+    hint_gradient = None
+    if hint is not None:
+      weight, hint_gradient = hint(state, weight)
     grad, new_stats, metrics = direction(
-      state.params, state.batch_stats, batch, rng, weight, log_hint
+      state.params, state.batch_stats, batch, rng, weight, hint_gradient
     )
-    if variants is not None:
-      new_stats, metrics = variants.after_step(state.batch_stats, new_stats, metrics)
     if config.sam.rho > 0:
       # SAM: ascend to w + rho g/||g|| (global norm of the global-batch direction), take the
       # mode's direction there, and apply it at w. BatchNorm statistics come from the first
       # pass; the perturbed pass reuses the same dropout masks.
       scale = config.sam.rho / (optax.global_norm(grad) + 1e-12)
       perturbed = jax.tree.map(lambda p, g: p + scale * g.astype(p.dtype), state.params, grad)
-      grad, _, _ = direction(perturbed, state.batch_stats, batch, rng, weight)
+      grad, _, _ = direction(perturbed, state.batch_stats, batch, rng, weight, hint_gradient)
       metrics["train/sam_grad_norm"] = optax.global_norm(grad)
 
     updates, opt_state = tx.update(grad, state.opt_state, state.params)

@@ -59,7 +59,6 @@ from vitboot_jax.base import cli, errors
 from vitboot_jax.cpu import devices as cpu_devices
 from vitboot_jax.cpu import features as cpu_features
 from vitboot_jax.cpu import host_memory, matmul
-from vitboot_jax.method import steps as step_lib
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.kernels import Kernels
@@ -237,6 +236,21 @@ class CompiledStep:
     return self.state, metrics
 
 
+def _pure_step(config, models, trainer):
+  """The pure train step of `config` with `models`, and the trainer's optimizer, image
+  preparation and step count."""
+  _, step = trainer_lib.make_steps(
+    config,
+    models,
+    trainer.tx,
+    trainer.schedule,
+    steps_per_epoch=_STEPS_PER_EPOCH,
+    total_steps=trainer.total_steps,
+    prepare=trainer.prepare,
+  )
+  return step
+
+
 def step_macs(
   config: ml_collections.ConfigDict,
   trainer: trainer_lib.Trainer,
@@ -250,8 +264,7 @@ def step_macs(
   with config.unlocked():
     config.kernels = "xla"
   models = build_models(config, kernel_sets.for_config(config))
-  step = step_lib.make_train_step(config, models, trainer.tx, trainer.schedule, _STEPS_PER_EPOCH)
-  return costs.count_macs(step, state, batch)
+  return costs.count_macs(_pure_step(config, models, trainer), state, batch)
 
 
 def step_macs_per_image(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int:
@@ -312,9 +325,7 @@ def time_loop(step: CompiledStep, steps: int, warmup: int) -> dict[str, float]:
   next_input = feed.train(0)
   train_step = trainer.train_step
   if feed.on_device:
-    pure = step_lib.make_train_step(
-      config, trainer.models, trainer.tx, trainer.schedule, _STEPS_PER_EPOCH
-    )
+    pure = _pure_step(config, trainer.models, trainer)
     train_step = jax.jit(
       device_pipeline.feeding(pure, config, step.mesh, feed.info.steps_per_epoch),
       donate_argnums=0,

@@ -26,13 +26,11 @@ from absl import app, flags
 from jax import export
 from ml_collections import config_flags
 
-from vitboot_jax import evaluate, kernel_sets, optim
+from vitboot_jax import configlib, evaluate, kernel_sets, optim
+from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.data import step_preprocess
-from vitboot_jax.method import hint_variants
-from vitboot_jax.method import steps as step_lib
 from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
-from vitboot_jax.state import create_state
 from vitboot_jax.tools.perf import benchmark
 
 MODES = ("vit", "agent", "joint", "shared")
@@ -66,9 +64,15 @@ def step_specs(config: ml_collections.ConfigDict, platform: str):
   """(train_step, eval_step, state, train batch, eval batch): abstract values, no arrays."""
   models = build_models(config, kernel_sets.for_config(config, platform=platform))
   tx, schedule = optim.mode_optimizer(config, models.names, _STEPS_PER_EPOCH)
-  image_shape = (config.image_size, config.image_size, 3)
-  init = functools.partial(
-    create_state, models, tx, image_shape=image_shape, stats=hint_variants.initial_stats(config)
+  prepare = step_preprocess.make_prepare(config)
+  init, train_step = trainer_lib.make_steps(
+    config,
+    models,
+    tx,
+    schedule,
+    steps_per_epoch=_STEPS_PER_EPOCH,
+    total_steps=configlib.total_steps(config, _STEPS_PER_EPOCH),
+    prepare=prepare,
   )
   state = jax.eval_shape(init, jax.random.key(0))
   batch = config.batch_size
@@ -78,8 +82,7 @@ def step_specs(config: ml_collections.ConfigDict, platform: str):
     "label": jax.ShapeDtypeStruct((batch,), jnp.int32),
   }
   eval_batch = {**train_batch, "mask": jax.ShapeDtypeStruct((batch,), jnp.float32)}
-  train_step = step_lib.make_train_step(config, models, tx, schedule, _STEPS_PER_EPOCH)
-  eval_step = evaluate.make_eval_step(models, step_preprocess.make_prepare(config))
+  eval_step = evaluate.make_eval_step(models, prepare)
   return models, train_step, eval_step, state, train_batch, eval_batch
 
 

@@ -68,7 +68,7 @@ def lowered_costs(config: ml_collections.ConfigDict, platform: str, batch: int) 
   on = benchmark.mode_config(with_recipe(config), config.mode, batch)
   models, train_step, _, state, train_batch, _ = lowering.step_specs(on, platform)
   del models
-  batch_fn = recipe_augment.make_batch_fn(on)
+  batch_fn = recipe_augment.make_batch_fn(on, step_preprocess.make_prepare(on))
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
 
   def lower(fn, *args):
@@ -98,7 +98,8 @@ def timed(config: ml_collections.ConfigDict, batch: int, rounds: int, warmup: in
   off = benchmark.compile_mode_step(config, config.mode, mesh, batch=batch)
   on = benchmark.compile_mode_step(with_recipe(config), config.mode, mesh, batch=batch)
   recipe_config = benchmark.mode_config(with_recipe(config), config.mode, batch)
-  batch_fn = jax.jit(recipe_augment.make_batch_fn(recipe_config))
+  prepare = step_preprocess.make_prepare(recipe_config)
+  batch_fn = jax.jit(recipe_augment.make_batch_fn(recipe_config, prepare))
   shape, dtype = step_preprocess.shipped_image(recipe_config)
   images = jax.random.randint(jax.random.key(0), (batch, *shape), 0, 256).astype(dtype)
   data = sharding.global_batch(

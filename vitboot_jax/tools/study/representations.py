@@ -29,6 +29,7 @@ import sys
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
@@ -79,6 +80,20 @@ def layer_stats(features: np.ndarray, attention: np.ndarray) -> dict[str, float]
   }
 
 
+def feature_loss_floor(
+  agent_map: jax.Array, vit_tokens: int, *, adapt: str = "seq1d", ln_eps: float = 1e-5
+) -> jax.Array:
+  """The official hint's loss (losses.feature_loss, formula "official") of a ViT that gives every
+  position of an image the same token, the best such token: where regressing to the image's mean
+  target leaves it. `vit_tokens` is the ViT's number of patch tokens; float32 scalar."""
+  b, h, w, d = agent_map.shape
+  agent = agent_map.astype(jnp.float32).reshape(b, h * w, d)
+  _, agent = losses.adapt_tokens(jnp.zeros((b, vit_tokens, d), jnp.float32), agent, (h, w), adapt)
+  target = losses.layer_norm(agent, ln_eps)
+  best = losses.layer_norm(jnp.mean(target, axis=1, keepdims=True), ln_eps)  # Maximises <mean, t>.
+  return jnp.mean(jnp.square(target - best))
+
+
 def hint_fit(vit_features: jax.Array, agent_map: jax.Array, adapt: str) -> dict[str, float]:
   """The official hint's loss of one layer pair (the ViT's raw tokens: a projector aside) beside
   its floor, the loss of the best token shared by all positions of an image: a loss at its floor
@@ -86,7 +101,7 @@ def hint_fit(vit_features: jax.Array, agent_map: jax.Array, adapt: str) -> dict[
   n = vit_features.shape[1] - 1
   return {
     "loss": float(losses.feature_loss(vit_features, agent_map, adapt=adapt)),
-    "floor": float(losses.feature_loss_floor(agent_map, n, adapt=adapt)),
+    "floor": float(feature_loss_floor(agent_map, n, adapt=adapt)),
   }
 
 
