@@ -84,7 +84,9 @@ def test_fine_tune_run_starts_from_a_pre_training_run(tmp_path, monkeypatch):
 
   # tfds mock data swaps the filesystem process-wide: save synchronously (see test_train.py).
   monkeypatch.setattr(
-    train.checkpoint, "Checkpointer", functools.partial(checkpointer.Checkpointer, async_save=False)
+    train.checkpointer,
+    "Checkpointer",
+    functools.partial(checkpointer.Checkpointer, async_save=False),
   )
   # mock_data's download_and_prepare is a no-op; the network probe before it would fail offline.
   monkeypatch.setattr(prepare, "_reachable", lambda host: True)

@@ -185,7 +185,9 @@ def test_end_to_end_on_tfds_mock_data(tmp_path, monkeypatch):
   # mock_data swaps in a fake filesystem (process-wide) while tfds builds a dataset; an orbax
   # save running in a background thread at that moment would write into it. Save synchronously.
   monkeypatch.setattr(
-    train.checkpoint, "Checkpointer", functools.partial(checkpointer.Checkpointer, async_save=False)
+    train.checkpointer,
+    "Checkpointer",
+    functools.partial(checkpointer.Checkpointer, async_save=False),
   )
   # mock_data's download_and_prepare is a no-op; the network probe before it would fail offline.
   monkeypatch.setattr(prepare, "_reachable", lambda host: True)
