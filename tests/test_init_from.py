@@ -308,3 +308,16 @@ def test_a_part_trained_teacher_of_another_recipe_is_recorded_in_the_students_co
   assert f"is read at step {step} of 30: it never finished" in recorded[0]
   assert "another recipe: agent.residual_dropout: 0.0 -> 0.1" in recorded[1]
   assert all(warning in proc.stderr for warning in recorded)
+
+
+@pytest.mark.parametrize(
+  "read, flag",
+  [
+    (init_from.read_orbax_vit, "config.init_from"),
+    (init_from.read_orbax_agent, "config.agent_init_from"),
+  ],
+)
+def test_a_directory_without_a_checkpoint_names_the_flag_that_gave_it(tmp_path, read, flag):
+  (tmp_path / "checkpoints").mkdir()
+  with pytest.raises(FileNotFoundError, match=f"^{flag}="):
+    read(str(tmp_path))

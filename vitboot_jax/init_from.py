@@ -77,8 +77,9 @@ def _read_numpy_file(path: str, suffix: str) -> dict[str, np.ndarray]:
     return {k: data[k] for k in data.files}
 
 
-def _orbax_step_dir(path: epath.Path) -> epath.Path:
-  """The step directory named by a workdir, its checkpoints/ directory or a step directory."""
+def _orbax_step_dir(path: epath.Path, flag: str) -> epath.Path:
+  """The step directory named by a workdir, its checkpoints/ directory or a step directory;
+  `flag` is the field that gave `path`, for the error."""
   if (path / workdir_rules.COMMIT_MARKER).exists():
     return path
   if (path / workdir_rules.CHECKPOINT_SUBDIR).is_dir():
@@ -86,20 +87,26 @@ def _orbax_step_dir(path: epath.Path) -> epath.Path:
   steps = step_dirs.complete_steps(path)
   if not steps:
     raise FileNotFoundError(
-      f"config.init_from={path} is a directory without a complete orbax checkpoint; give a "
+      f"{flag}={path} is a directory without a complete orbax checkpoint; give a "
       "workdir of a run that saved one (checkpoints/<step>/commit_success.txt) or a weights file"
     )
   return path / str(steps[-1])
 
 
 def _read_orbax_model(
-  path: str, name: str, label: str, modes: tuple[str, str], collections: tuple[str, ...], what=""
+  path: str,
+  name: str,
+  label: str,
+  modes: tuple[str, str],
+  collections: tuple[str, ...],
+  flag: str = "config.init_from",
+  what: str = "",
 ) -> tuple[epath.Path, dict[str, Any]]:
   """{collection: model `name`'s subtree} (numpy) of our newest complete checkpoint under
   `path`, and its step directory (`modes`: the modes without it and with it, for the error); a
   damaged step (its files fail the checksums of its save) is refused by name, never replaced by
   an older one."""
-  step_dir = _orbax_step_dir(step_dirs.absolute(path))  # Orbax reads absolute paths only.
+  step_dir = _orbax_step_dir(step_dirs.absolute(path), flag)  # Orbax reads absolute paths only.
   stored = reader.stored_tree(step_dir)
   stored = stored if isinstance(stored, dict) else {}
   if stored.get("params", {}).get(name) is None:
@@ -125,8 +132,10 @@ def read_orbax_agent(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
   """The agent's (params, batch_stats) (numpy) of our newest complete checkpoint under `path`."""
   modes = ("vit or cnn", "agent or joint")
   collections = ("params", "batch_stats")
-  what = "config.agent_init_from: "
-  step_dir, read = _read_orbax_model(path, "agent", "agent", modes, collections, what)
+  flag = "config.agent_init_from"
+  step_dir, read = _read_orbax_model(
+    path, "agent", "agent", modes, collections, flag=flag, what=f"{flag}: "
+  )
   logging.info("agent_init_from: read the agent of checkpoint %s", step_dir)
   return read["params"], read["batch_stats"]
 

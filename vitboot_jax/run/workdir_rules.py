@@ -173,11 +173,11 @@ def check(
     if config_path.exists():
       changed = changed_fields(json.loads(config_path.read_text()), config)
       if changed:
-        state = "finished" if finished else "unfinished"
+        state = "a finished" if finished else "an unfinished"
         more = len(changed) - _MAX_CHANGES_SHOWN
         shown = ", ".join(changed[:_MAX_CHANGES_SHOWN]) + (f", and {more} more" if more > 0 else "")
         raise errors.WorkdirError(
-          f"--workdir={workdir} holds a {state} run of a different config ({shown}); use a new "
+          f"--workdir={workdir} holds {state} run of a different config ({shown}); use a new "
           f"--workdir, or that run's config to "
           f"{'read its results' if finished else 'resume it'} ({config_path})"
         )
