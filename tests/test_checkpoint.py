@@ -1,6 +1,6 @@
-"""Tests for vitboot_jax.checkpoint.checkpointer and the modules it is built from (checkpoint_steps,
-checkpoint_errors, checkpoint_read, checksums): sharded round trip, keep-last-K, kills and
-corruption, the output of failures."""
+"""Tests for vitboot_jax.checkpoint: the checkpointer and the modules it is built from (step_dirs,
+failures, reader, checksums): sharded round trip, keep-last-K, kills and corruption, the output
+of failures."""
 
 import dataclasses
 import json
@@ -17,10 +17,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from vitboot_jax.base import errors
-from vitboot_jax.base import library_logs as quiet_lib
-from vitboot_jax.checkpoint import checkpointer as ckpt_lib
-from vitboot_jax.checkpoint import checksums, failures, reader
+from vitboot_jax.base import errors, library_logs
+from vitboot_jax.checkpoint import checkpointer, checksums, failures, reader
 from vitboot_jax.run import workdir_claim, workdir_rules
 
 
@@ -74,12 +72,12 @@ def snapshot(directory):
 
 def test_round_trip_keeps_values_and_shardings(tmp_path, mesh):
   state = make_state(mesh, seed=3)
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     assert ckpt.restore_latest(abstract_of(state)) is None
     assert ckpt.save(7, state, force=True)
   assert (tmp_path / "checkpoints" / "7" / workdir_rules.COMMIT_MARKER).exists()
 
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     assert ckpt.latest_step() == 7
     restored, step = ckpt.restore_latest(abstract_of(state))
   assert step == 7
@@ -92,10 +90,10 @@ def test_relative_workdir_is_saved_under_the_current_directory(tmp_path, mesh, m
   # `--workdir=runs/x` is what users type; orbax itself only accepts absolute paths.
   monkeypatch.chdir(tmp_path)
   state = make_state(mesh, seed=2)
-  with ckpt_lib.Checkpointer("runs/x") as ckpt:
+  with checkpointer.Checkpointer("runs/x") as ckpt:
     assert ckpt.save(5, state, force=True)
   assert (tmp_path / "runs" / "x" / "checkpoints" / "5" / workdir_rules.COMMIT_MARKER).exists()
-  with ckpt_lib.Checkpointer("runs/x") as ckpt:
+  with checkpointer.Checkpointer("runs/x") as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(state))
   assert step == 5
   assert_same(restored, state)
@@ -103,7 +101,7 @@ def test_relative_workdir_is_saved_under_the_current_directory(tmp_path, mesh, m
 
 def test_restore_reshards_to_the_requested_sharding(tmp_path, mesh):
   state = make_state(mesh)
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     ckpt.save(1, state, force=True)
     replicated = NamedSharding(mesh, P())
     abstract = jax.tree.map(
@@ -117,7 +115,7 @@ def test_restore_reshards_to_the_requested_sharding(tmp_path, mesh):
 def test_async_save_survives_donated_buffers(tmp_path, mesh):
   state = make_state(mesh, seed=1)
   expected = jax.tree.map(np.asarray, state["params"])
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     ckpt.save(2, state, force=True)
     # The training loop donates the state to the next step right after saving.
     for leaf in jax.tree.leaves(state):
@@ -129,7 +127,7 @@ def test_async_save_survives_donated_buffers(tmp_path, mesh):
 
 def test_save_schedule_and_no_overwrite(tmp_path, mesh):
   state = make_state(mesh)
-  with ckpt_lib.Checkpointer(tmp_path, save_every_steps=2) as ckpt:
+  with checkpointer.Checkpointer(tmp_path, save_every_steps=2) as ckpt:
     assert not ckpt.save(0, state)
     assert not ckpt.save(3, state)
     assert ckpt.save(4, state)
@@ -142,20 +140,20 @@ def test_save_schedule_and_no_overwrite(tmp_path, mesh):
 
 
 def test_keeps_only_the_newest_k(tmp_path, mesh):
-  with ckpt_lib.Checkpointer(tmp_path, keep=2, save_every_steps=1) as ckpt:
+  with checkpointer.Checkpointer(tmp_path, keep=2, save_every_steps=1) as ckpt:
     for step in range(1, 6):
       ckpt.save(step, make_state(mesh, seed=step))
     ckpt.wait()
     assert ckpt.all_steps() == [4, 5]
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["4", "5"]
-  with ckpt_lib.Checkpointer(tmp_path, keep=2) as ckpt:
+  with checkpointer.Checkpointer(tmp_path, keep=2) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
   assert step == 5
   assert_same(restored, make_state(mesh, seed=5))
 
 
 def _save_steps(workdir, mesh, steps):
-  with ckpt_lib.Checkpointer(workdir) as ckpt:
+  with checkpointer.Checkpointer(workdir) as ckpt:
     for step in steps:
       ckpt.save(step, make_state(mesh, seed=step), force=True)
 
@@ -169,14 +167,14 @@ def test_killed_save_tmp_dir_is_ignored_then_replaced(tmp_path, mesh):
   with open(root / "30.orbax-checkpoint-tmp" / "default" / "_METADATA", "w") as f:
     f.write("{ half wri")
 
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     assert ckpt.latest_step() == 20
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
     assert step == 20
     assert_same(restored, make_state(mesh, seed=20))
     # The resumed run reaches step 30 again and saves it cleanly over the leftover.
     assert ckpt.save(30, make_state(mesh, seed=30), force=True)
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
   assert step == 30
   assert_same(restored, make_state(mesh, seed=30))
@@ -195,7 +193,7 @@ def test_step_without_commit_marker_is_moved_aside_and_saved_again(tmp_path, mes
   before = snapshot(root / "30")
   complete_before = snapshot(root / "20")
 
-  with ckpt_lib.Checkpointer(tmp_path, keep=2) as ckpt:
+  with checkpointer.Checkpointer(tmp_path, keep=2) as ckpt:
     assert ckpt.all_steps() == [10, 20]
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
     assert step == 20
@@ -206,7 +204,7 @@ def test_step_without_commit_marker_is_moved_aside_and_saved_again(tmp_path, mes
   assert moved.startswith("30-")
   assert snapshot(root / workdir_rules.INCOMPLETE_SUBDIR / moved) == before  # Moved, not changed.
   assert snapshot(root / "20") == complete_before
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
   assert step == 30
   assert_same(restored, make_state(mesh, seed=30))
@@ -277,7 +275,7 @@ def test_damaged_newest_step_is_moved_aside_and_the_previous_one_restored(
   damaged = snapshot(root / "20")
   intact = snapshot(root / "10")
 
-  with caplog.at_level("WARNING"), ckpt_lib.Checkpointer(tmp_path, keep=2) as ckpt:
+  with caplog.at_level("WARNING"), checkpointer.Checkpointer(tmp_path, keep=2) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
     assert step == 10 and ckpt.all_steps() == [10]
     assert_same(restored, make_state(mesh, seed=10))
@@ -289,7 +287,7 @@ def test_damaged_newest_step_is_moved_aside_and_the_previous_one_restored(
   (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
   assert warning.startswith("Checkpoint step 20 is damaged (") and expected_cause in warning
   assert str(root / workdir_rules.DAMAGED_SUBDIR / moved) in warning and "\n" not in warning
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
   assert step == 20
   assert_same(restored, make_state(mesh, seed=21))
@@ -301,7 +299,7 @@ def test_every_step_damaged_is_one_error_naming_them_and_a_rerun_starts_afresh(t
   root = tmp_path / "checkpoints"
   _overwrite_data(root / "20")
   _remove_a_file(root / "10")
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     with pytest.raises(failures.DamagedCheckpointsError) as info:
       ckpt.restore_latest(abstract_of(make_state(mesh)))
   message = str(info.value)
@@ -313,7 +311,7 @@ def test_every_step_damaged_is_one_error_naming_them_and_a_rerun_starts_afresh(t
     "10",
     "20",
   ]
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     assert ckpt.restore_latest(abstract_of(make_state(mesh))) is None
 
 
@@ -323,7 +321,7 @@ def test_read_only_reader_refuses_a_damaged_step_by_name_and_moves_nothing(tmp_p
   root = tmp_path / "checkpoints"
   _overwrite_data(root / "20")
   before = snapshot(root)
-  with ckpt_lib.Checkpointer(tmp_path, read_only=True) as ckpt:
+  with checkpointer.Checkpointer(tmp_path, read_only=True) as ckpt:
     with pytest.raises(failures.CorruptCheckpointError) as info:
       ckpt.restore_latest(abstract_of(make_state(mesh)))
   message = str(info.value)
@@ -355,7 +353,7 @@ def test_a_reader_refuses_a_step_whose_record_is_gone_by_name(tmp_path, mesh):
 
   tiny = {"params": {"vit": {"w": np.ones(3, np.float32)}, "agent": {"k": np.ones(2, np.float32)}}}
   tiny["batch_stats"] = {"agent": {"mean": np.zeros(2, np.float32)}}
-  with ckpt_lib.Checkpointer(tmp_path, async_save=False) as ckpt:
+  with checkpointer.Checkpointer(tmp_path, async_save=False) as ckpt:
     for step in (10, 20):
       ckpt.save(step, tiny, force=True)
   root = tmp_path / "checkpoints"
@@ -363,7 +361,7 @@ def test_a_reader_refuses_a_step_whose_record_is_gone_by_name(tmp_path, mesh):
   before = snapshot(root)
 
   def read_only():
-    with ckpt_lib.Checkpointer(tmp_path, read_only=True) as ckpt:
+    with checkpointer.Checkpointer(tmp_path, read_only=True) as ckpt:
       ckpt.restore_latest(tiny)
 
   for read in (
@@ -400,7 +398,7 @@ def test_steps_saved_before_checksums_restore_unverified(
   assert not (root / "20" / checksums.CHECKSUM_FILE).exists()
   if damage:
     damage(root / "20")
-  with caplog.at_level("WARNING"), ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with caplog.at_level("WARNING"), checkpointer.Checkpointer(tmp_path) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
   warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
   unverified = f"has no {checksums.CHECKSUM_FILE}: it was saved before checkpoints recorded"
@@ -422,7 +420,7 @@ def test_changed_state_is_a_mismatch_not_corruption(tmp_path, mesh):
     jnp.zeros((8, 4)), NamedSharding(mesh, P("data"))
   )  # A different model width.
   state["params"]["extra"] = jnp.zeros(2)
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     with pytest.raises(failures.CheckpointMismatchError) as info:
       ckpt.restore_latest(abstract_of(state))
   message = str(info.value)
@@ -463,19 +461,19 @@ def test_what_we_take_from_orbax_is_still_there():
 
 def test_argument_validation(tmp_path):
   with pytest.raises(ValueError, match="keep"):
-    ckpt_lib.Checkpointer(tmp_path, keep=0)
+    checkpointer.Checkpointer(tmp_path, keep=0)
   with pytest.raises(ValueError, match="save_every_steps"):
-    ckpt_lib.Checkpointer(tmp_path, save_every_steps=0)
+    checkpointer.Checkpointer(tmp_path, save_every_steps=0)
 
 
 def test_unrestorable_sharding_is_not_called_corruption(tmp_path, mesh):
   # One leaf only: with more, orbax leaves the other leaves' readers pending after the error.
   state = {"b": jax.device_put(jnp.ones(3), NamedSharding(mesh, P()))}
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     ckpt.save(10, state, force=True)
   # 3 elements cannot be split over 8 devices: a bug in the caller, not in the files.
   abstract = {"b": jax.ShapeDtypeStruct((3,), jnp.float32, sharding=NamedSharding(mesh, P("data")))}
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     with pytest.raises(failures.CheckpointError) as info:
       ckpt.restore_latest(abstract)
   assert not isinstance(info.value, failures.CorruptCheckpointError)
@@ -483,8 +481,9 @@ def test_unrestorable_sharding_is_not_called_corruption(tmp_path, mesh):
 
 
 def test_two_checkpointers_cannot_overwrite_a_complete_step(tmp_path, mesh):
-  first = ckpt_lib.Checkpointer(tmp_path)
-  second = ckpt_lib.Checkpointer(tmp_path)  # Opened before the first saved: orbax's list is empty.
+  first = checkpointer.Checkpointer(tmp_path)
+  # Opened before the first saved: orbax's list is empty.
+  second = checkpointer.Checkpointer(tmp_path)
   assert first.save(5, make_state(mesh, seed=1), force=True)
   first.wait()
   saved = snapshot(tmp_path / "checkpoints" / "5")
@@ -500,7 +499,7 @@ def test_two_checkpointers_cannot_overwrite_a_complete_step(tmp_path, mesh):
   assert in_progress.is_dir()
   first.close()
   second.close()
-  with ckpt_lib.Checkpointer(tmp_path, read_only=True) as ckpt:
+  with checkpointer.Checkpointer(tmp_path, read_only=True) as ckpt:
     restored, step = ckpt.restore_latest(abstract_of(make_state(mesh)))
   assert step == 5
   assert_same(restored, make_state(mesh, seed=1))
@@ -510,7 +509,7 @@ def test_read_only_and_unclaimed_checkpointers_move_nothing(tmp_path, mesh):
   _save_steps(tmp_path, mesh, [10])
   root = tmp_path / "checkpoints"
   (root / "20.orbax-checkpoint-tmp" / "default").mkdir(parents=True)  # A live run's save.
-  with ckpt_lib.Checkpointer(tmp_path, read_only=True) as ckpt:
+  with checkpointer.Checkpointer(tmp_path, read_only=True) as ckpt:
     assert ckpt.latest_step() == 10
     with pytest.raises(failures.CheckpointError, match="read-only"):
       ckpt.save(11, make_state(mesh), force=True)
@@ -519,7 +518,7 @@ def test_read_only_and_unclaimed_checkpointers_move_nothing(tmp_path, mesh):
   host = "other-host"
   claim = {"host": host, "pid": 1, "started": 0, "heartbeat": time.time(), "token": "x"}
   (tmp_path / workdir_claim.CLAIM_FILE).write_text(json.dumps(claim))
-  with ckpt_lib.Checkpointer(tmp_path):
+  with checkpointer.Checkpointer(tmp_path):
     pass
   assert sorted(os.listdir(root)) == ["10", "20.orbax-checkpoint-tmp"]
 
@@ -556,7 +555,7 @@ def test_every_process_raises_the_failure_of_the_first_process_that_had_one(monk
 
 
 def test_any_save_failure_is_one_checkpoint_save_error(tmp_path, mesh, monkeypatch):
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     assert ckpt.save(5, make_state(mesh), force=True)
     ckpt.wait()
 
@@ -590,7 +589,7 @@ def test_checkpoint_cost_benchmark_prints_every_field(tmp_path):
 
 @pytest.fixture
 def console(monkeypatch, capsys):
-  """What absl's handler prints (main's and the tools' console), from a fresh start of quiet."""
+  """What absl's handler prints (main's and the tools' console), from library_logs' fresh start."""
   import logging
 
   from absl import logging as absl_logging
@@ -602,9 +601,9 @@ def console(monkeypatch, capsys):
       self.text += capsys.readouterr().err
       return self.text
 
-  monkeypatch.setattr(quiet_lib, "_FAILURES", quiet_lib._HeldFailures())
+  monkeypatch.setattr(library_logs, "_FAILURES", library_logs._HeldFailures())
   monkeypatch.setattr(logging.getLogger(), "handlers", [absl_logging.get_absl_handler()])
-  quiet_lib.quiet_library_failures()
+  library_logs.quiet_library_failures()
   return Console()
 
 
@@ -623,7 +622,7 @@ def test_orbax_errors_are_quiet_only_inside_a_save_or_restore_that_reports_them(
 ):
   _orbax_error("unrelated: outside any save")
   assert console.getvalue().count("unrelated: outside any save") == 1
-  with ckpt_lib.Checkpointer(tmp_path) as ckpt:
+  with checkpointer.Checkpointer(tmp_path) as ckpt:
     plain_save = ckpt._manager.save
 
     def logging_save(*args, **kwargs):
@@ -663,7 +662,7 @@ def test_a_failed_background_save_is_said_once_and_at_once(
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
 
   monkeypatch.setattr(checksums.ChecksummedHandler, "finalize", full_disk)
-  ckpt = ckpt_lib.Checkpointer(tmp_path)
+  ckpt = checkpointer.Checkpointer(tmp_path)
   if done_before_save_returns:  # A small state on a full disk: the write fails at once.
     plain_save = ckpt._manager.save
 
@@ -694,7 +693,7 @@ def test_library_failure_chatter_is_held_back_unless_debugging(monkeypatch):
 
   from absl import logging as absl_logging
 
-  monkeypatch.setattr(quiet_lib, "_FAILURES", quiet_lib._HeldFailures())
+  monkeypatch.setattr(library_logs, "_FAILURES", library_logs._HeldFailures())
 
   def record(path, level, msg, name="absl"):
     return logging.LogRecord(name, level, path, 1, msg, None, None)
@@ -710,18 +709,18 @@ def test_library_failure_chatter_is_held_back_unless_debugging(monkeypatch):
 
     Finalised()
     monkeypatch.undo()
-    monkeypatch.setattr(quiet_lib, "_FAILURES", failures)
+    monkeypatch.setattr(library_logs, "_FAILURES", failures)
     return caught[0]
 
-  failures = quiet_lib._FAILURES
-  quiet = quiet_lib._QuietLibraryFailures()
+  failures = library_logs._FAILURES
+  quiet = library_logs._QuietLibraryFailures()
   orbax_file = "/site-packages/orbax/checkpoint/_src/futures/future.py"
   orbax_error = record(orbax_file, logging.ERROR, "_SignalingThread.run() raised")
   never = record(
     "/asyncio/base_events.py", logging.ERROR, "Future exception was never retrieved", "asyncio"
   )
   seen = []
-  hook = quiet_lib._quiet_unraisable_hook(seen.append)
+  hook = library_logs._quiet_unraisable_hook(seen.append)
   closed = unraisable(RuntimeError("Event loop is closed"))
   other = unraisable(ValueError("ours"))
   # Outside our calls, with nothing reported: everything shows.
@@ -731,12 +730,12 @@ def test_library_failure_chatter_is_held_back_unless_debugging(monkeypatch):
   assert seen == [closed, other]
   # Inside one: held; a failure reported drops them, and later leftovers (collected futures and
   # coroutines) stay quiet while orbax's own errors show again.
-  quiet_lib.hold_library_failures()
+  library_logs.hold_library_failures()
   assert not quiet.filter(orbax_error) and not quiet.filter(never)
   assert quiet.filter(record(orbax_file, logging.WARNING, "a warning stays"))
   assert quiet.filter(record("/vitboot_jax/main.py", logging.ERROR, "our own line"))
   hook(closed)
-  quiet_lib.settle_library_failures(reported=True)
+  library_logs.settle_library_failures(reported=True)
   assert seen == [closed, other]
   assert quiet.filter(orbax_error) and not quiet.filter(never)
   hook(closed)
@@ -753,16 +752,16 @@ def test_what_a_call_held_shows_when_it_succeeds(monkeypatch):
   import logging
   import sys
 
-  monkeypatch.setattr(quiet_lib, "_FAILURES", quiet_lib._HeldFailures())
+  monkeypatch.setattr(library_logs, "_FAILURES", library_logs._HeldFailures())
   shown = []
-  monkeypatch.setattr(sys, "unraisablehook", quiet_lib._quiet_unraisable_hook(shown.append))
+  monkeypatch.setattr(sys, "unraisablehook", library_logs._quiet_unraisable_hook(shown.append))
   from absl import logging as absl_logging
 
   monkeypatch.setattr(absl_logging.get_absl_handler(), "handle", shown.append)
   error = logging.LogRecord("absl", logging.ERROR, "/orbax/x.py", 1, "held", None, None)
-  with quiet_lib.library_failures_held():
-    assert not quiet_lib._QuietLibraryFailures().filter(error)
-    with quiet_lib.library_failures_held():  # Nested: shown once the outer call ends too.
+  with library_logs.library_failures_held():
+    assert not library_logs._QuietLibraryFailures().filter(error)
+    with library_logs.library_failures_held():  # Nested: shown once the outer call ends too.
       pass
     assert shown == []
   assert shown == [error]
