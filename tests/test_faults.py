@@ -4,7 +4,6 @@ The end-to-end tests re-run the same command after every fault, as a user would,
 with the uninterrupted run of the same config (conftest's `uninterrupted`).
 """
 
-import errno
 import functools
 import json
 import os
@@ -21,6 +20,7 @@ from tests import runs
 from tests.config_files import load_config
 from tests.runs import command, env, metrics, run
 from vitboot_jax import train
+from vitboot_jax.base import files
 from vitboot_jax.checkpoint import checkpointer, failures, step_dirs
 from vitboot_jax.data import splits, tfdata_pipeline
 from vitboot_jax.run import preemption, workdir_rules
@@ -190,17 +190,17 @@ def test_non_finite_loss_stops_before_saving_it(image_folder, tmp_path, monkeypa
 def test_a_full_disk_under_the_metrics_is_one_line(image_folder, tmp_path, monkeypatch):
   """The disk may fill under metrics.jsonl before any save notices: one line, the file, the fix
   and the checkpoint a re-run resumes from (step 4 of 10)."""
-  from vitboot_jax.run import metrics as metrics_lib
+  real_open = open
 
-  append, calls = metrics_lib._append_text, []
+  def full_after_step_5(file, mode="r", *args, **kwargs):
+    # /dev/full fails as a full disk does: at the flush on close, naming no file.
+    if str(file).endswith("metrics.jsonl") and "a" in mode and os.path.exists(file):
+      with real_open(file) as f:
+        if '"step": 5,' in f.read():
+          file = "/dev/full"
+    return real_open(file, mode, *args, **kwargs)
 
-  def full_after_step_4(path, text):
-    calls.append(text)
-    if '"step": 6' in text:
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-    append(path, text)
-
-  monkeypatch.setattr(metrics_lib, "_append_text", full_after_step_4)
+  monkeypatch.setattr(files, "open", full_after_step_5, raising=False)
   workdir = tmp_path / "full"
   with pytest.raises(train.WriteError) as info:
     train.train_and_evaluate(_tiny_config(image_folder), str(workdir))
@@ -209,6 +209,25 @@ def test_a_full_disk_under_the_metrics_is_one_line(image_folder, tmp_path, monke
   assert message.count("metrics.jsonl") == 1, message
   assert "No space left on device" in message and "Free disk space" in message
   assert "newest complete checkpoint (step 4), which is intact" in message
+
+
+def test_a_write_failing_at_its_flush_names_its_file(tmp_path, monkeypatch):
+  """A full disk fails a write at its flush, with no file in the error: the error names it."""
+  with pytest.raises(OSError) as info:
+    files.append_text("/dev/full", "a line\n")  # Fails as a full disk does, at close.
+  assert info.value.errno == 28 and info.value.filename == "/dev/full"
+
+  target = tmp_path / "final.json"
+  target.write_text("old")
+
+  def full(fd):
+    raise OSError(28, os.strerror(28))
+
+  monkeypatch.setattr(os, "fsync", full)
+  with pytest.raises(OSError) as info:
+    files.write_atomically(target, "new")
+  assert info.value.errno == 28 and info.value.filename == str(target)
+  assert target.read_text() == "old" and os.listdir(tmp_path) == ["final.json"]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
@@ -293,8 +312,9 @@ def test_a_failed_save_is_one_line_from_main(image_folder, tiny_disk):
   assert "Traceback" not in log and "never retrieved" not in log, log[-3000:]
   errors = [line for line in log.splitlines() if not line.startswith(("I1", "I0"))]
   assert len(errors) == 1 and log.rstrip().endswith(errors[0]), log[-3000:]
-  # The background write of step 4 fails; whichever call learns of it first names it.
-  assert re.search(r"Saving (a checkpoint|step \d+) under .*/run/checkpoints failed", errors[0])
+  # The background write of step 4 fails, or metrics.jsonl does first; either names its files.
+  saving = r"Saving (a checkpoint|step \d+) under .*/run/checkpoints failed"
+  assert re.search(rf"{saving}|Writing .*/run/metrics\.jsonl failed", errors[0]), errors[0]
   assert "No space left on device" in errors[0] and "Free disk space" in errors[0]
 
 

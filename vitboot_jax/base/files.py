@@ -5,7 +5,9 @@ workdir claim, .npz datasets, exported weights, the impulse-init cache) goes thr
 `write_atomically` or `replacing`: a temporary file in the same directory, flushed to disk, then
 renamed over the target in one step. Paths with a scheme (gs://, via etils/epath) are object
 stores, where a rename is a copy: `is_local` tells the callers that must treat them otherwise.
-JSON-lines files (metrics.jsonl, launches.jsonl) are read back through `read_jsonl`.
+JSON-lines files (metrics.jsonl, launches.jsonl) are read back through `read_jsonl`; local
+metrics.jsonl grows by `append_text`. A failed write names its file, so callers can tell the
+run's own files from others.
 """
 
 from __future__ import annotations
@@ -33,6 +35,24 @@ def _temporary_name(path: str) -> str:
 
 
 @contextlib.contextmanager
+def naming(path: epath.PathLike) -> Iterator[None]:
+  """Gives an OSError raised in the block `path` as its file name where it has none: a write that
+  fails when its buffer is flushed (a full disk, at close or fsync) names no file."""
+  try:
+    yield
+  except OSError as error:
+    if error.filename is not None or error.errno is None:
+      raise
+    raise OSError(error.errno, error.strerror, os.fspath(path)) from error
+
+
+def append_text(path: epath.PathLike, text: str) -> None:
+  """Appends `text` to the local file `path` (object stores cannot append)."""
+  with naming(path), open(path, "a", encoding="utf-8") as f:
+    f.write(text)
+
+
+@contextlib.contextmanager
 def replacing(path: epath.PathLike, mode: str = "wb") -> Iterator[IO]:
   """A new file (opened with `mode`, "wb" or "w") that replaces the local `path` in one step
   when the block ends; on an error `path` is left as it was and the temporary file removed."""
@@ -40,7 +60,8 @@ def replacing(path: epath.PathLike, mode: str = "wb") -> Iterator[IO]:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = _temporary_name(path)
   try:
-    with open(tmp, mode.replace("w", "x"), **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+    text = {} if "b" in mode else {"encoding": "utf-8"}
+    with naming(path), open(tmp, mode.replace("w", "x"), **text) as f:
       yield f
       f.flush()
       os.fsync(f.fileno())

@@ -38,12 +38,6 @@ except ImportError:
 METRICS_FILE = "metrics.jsonl"
 
 
-def _append_text(path: epath.Path, text: str) -> None:
-  """Appends to a local file (object stores cannot append: see _RemoteLines)."""
-  with open(path, "a", encoding="utf-8") as f:
-    f.write(text)
-
-
 # On an object store every flush rewrites the whole object, so lines are buffered and flushed in
 # chunks: after an evaluation, before a line past a checkpoint step, at flush(), and at least
 # this often, which bounds what a kill can lose.
@@ -216,7 +210,7 @@ class MetricWriter:
       # NaN/Infinity are written as JSON's common extension; Python's json reads them back.
       line = json.dumps({"step": step, **values}) + "\n"
       if self._remote is None:
-        _append_text(self._path, line)
+        files.append_text(self._path, line)
       else:
         evaluated = any(name.startswith("eval/") for name in values)
         self._remote.append(step, line, boundary=evaluated)
