@@ -4,6 +4,7 @@ The end-to-end tests re-run the same command after every fault, as a user would,
 with the uninterrupted run of the same config (conftest's `uninterrupted`).
 """
 
+import contextlib
 import functools
 import json
 import os
@@ -23,6 +24,7 @@ from vitboot_jax import train
 from vitboot_jax.base import files
 from vitboot_jax.checkpoint import checkpointer, failures, step_dirs
 from vitboot_jax.data import splits, tfdata_pipeline
+from vitboot_jax.run import metrics as metrics_lib
 from vitboot_jax.run import preemption, workdir_rules
 
 # Triggers of runs.WatchedRun besides runs.after_step: its log line, or its checkpoint directory.
@@ -262,6 +264,30 @@ def _tmpfs(mount_point, size):
     yield mount_point
   finally:
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.fixture
+def disk_64k(tmp_path):
+  yield from _tmpfs(tmp_path / "disk_64k", "64k")
+
+
+@pytest.mark.skipif(metrics_lib.EventFileWriter is None, reason="no tensorboard package")
+def test_a_full_disk_under_the_event_file_names_it(disk_64k):
+  """TensorBoard's writer fails at its flush, naming no file: the error names the event file."""
+  disk = disk_64k
+  events = metrics_lib._EventWriter(str(disk))
+  try:
+    with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:  # The disk fills up.
+      f.write(b"x" * 65536)
+    with pytest.raises(OSError) as info:
+      for step in range(1, 1000):  # Past the page the file has.
+        events.write_scalars(step, {"train/loss": 1.0, "train/lr": 0.1})
+        events.flush()
+    assert info.value.errno == 28
+    assert os.path.basename(info.value.filename).startswith("events.out.tfevents.")
+  finally:
+    with contextlib.suppress(OSError):
+      events.close()
 
 
 @pytest.fixture

@@ -10,10 +10,12 @@ drops them first, so no step appears twice.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -21,7 +23,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from vitboot_jax.base import files
+from vitboot_jax.base import errors, files
 
 try:  # TensorFlow-free: clu's writer would import TensorFlow.
   from tensorboard.compat.proto import (
@@ -117,11 +119,34 @@ def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
   return files.read_jsonl(epath.Path(workdir) / METRICS_FILE)
 
 
+# Reasons a write fails that name their fix (checkpoint.failures words them), as text.
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+@contextlib.contextmanager
+def _naming_event_file(path: str) -> Iterator[None]:
+  """TensorBoard writes through TensorFlow's file API where TensorFlow is installed; its errors
+  (a full disk is a ResourceExhaustedError) become OSErrors naming the event file, as ours are."""
+  try:
+    with files.naming(path):
+      yield
+  except OSError:
+    raise
+  except Exception as error:
+    if not type(error).__module__.startswith("tensorflow"):
+      raise
+    code = next((c for c in _WRITE_ERRNOS if os.strerror(c) in str(error)), None)
+    if code is None:
+      raise OSError(errno.EIO, errors.first_line(error), path) from error
+    raise OSError(code, os.strerror(code), path) from error
+
+
 class _EventWriter:
   """TensorBoard scalars (the scalars plugin's float tensors, as tf.summary.scalar writes them)."""
 
   def __init__(self, logdir: str):
     self._events = EventFileWriter(logdir)  # Writes from its own thread.
+    self._file = getattr(self._events, "_file_name", logdir)  # For errors: a full disk names none.
     self._metadata = summary_pb2.SummaryMetadata(
       plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
     )
@@ -141,13 +166,16 @@ class _EventWriter:
         for name, value in values.items()
       ]
     )
-    self._events.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+    with _naming_event_file(self._file):
+      self._events.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
 
   def flush(self) -> None:
-    self._events.flush()
+    with _naming_event_file(self._file):
+      self._events.flush()
 
   def close(self) -> None:
-    self._events.close()
+    with _naming_event_file(self._file):
+      self._events.close()
 
 
 class _NoEvents:
