@@ -91,6 +91,21 @@ def test_tensorboard_events_hold_the_scalars(tmp_path):
   assert found == {(3, "train/loss"): 0.75}
 
 
+@pytest.mark.skipif(metrics_lib.EventFileWriter is None, reason="no tensorboard package")
+def test_tensorboard_sees_scalars_without_an_explicit_flush(tmp_path, monkeypatch):
+  """The writer's own thread never flushes (a failure there would print a traceback): writes do,
+  every EVENTS_FLUSH_SECONDS."""
+  writer = metrics_lib.MetricWriter(tmp_path)
+  (event_file,) = glob.glob(os.path.join(tmp_path, "events.out.tfevents.*"))
+  size = os.path.getsize(event_file)
+  writer.write(1, {"train/loss": 0.5})
+  assert os.path.getsize(event_file) == size  # Not yet due.
+  monkeypatch.setattr(metrics_lib, "EVENTS_FLUSH_SECONDS", 0.0)
+  writer.write(2, {"train/loss": 0.25})
+  assert os.path.getsize(event_file) > size
+  writer.close()
+
+
 def test_only_process_zero_writes_files(tmp_path, monkeypatch):
   monkeypatch.setattr(jax, "process_index", lambda: 1)
   with metrics_lib.MetricWriter(tmp_path) as writer:

@@ -119,6 +119,10 @@ def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
   return files.read_jsonl(epath.Path(workdir) / METRICS_FILE)
 
 
+# TensorBoard sees new scalars at least this often (its writer's own default interval).
+EVENTS_FLUSH_SECONDS = 120.0
+_NEVER = 10**9
+
 # Reasons a write fails that name their fix (checkpoint.failures words them), as text.
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -145,7 +149,9 @@ class _EventWriter:
   """TensorBoard scalars (the scalars plugin's float tensors, as tf.summary.scalar writes them)."""
 
   def __init__(self, logdir: str):
-    self._events = EventFileWriter(logdir)  # Writes from its own thread.
+    # Its thread would flush on its own, and a failure there prints a traceback: we flush, here.
+    self._events = EventFileWriter(logdir, flush_secs=_NEVER)
+    self._flushed = time.monotonic()
     self._file = getattr(self._events, "_file_name", logdir)  # For errors: a full disk names none.
     self._metadata = summary_pb2.SummaryMetadata(
       plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
@@ -168,10 +174,13 @@ class _EventWriter:
     )
     with _naming_event_file(self._file):
       self._events.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+    if time.monotonic() - self._flushed >= EVENTS_FLUSH_SECONDS:
+      self.flush()
 
   def flush(self) -> None:
     with _naming_event_file(self._file):
       self._events.flush()
+    self._flushed = time.monotonic()
 
   def close(self) -> None:
     with _naming_event_file(self._file):
