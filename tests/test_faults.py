@@ -748,6 +748,25 @@ def test_a_peer_killed_without_a_word_ends_the_survivor_in_bounded_time(
 
 
 @pytest.mark.slow
+def test_process_0_killed_ends_the_others_at_once_by_jax(image_folder, tmp_path):
+  """Process 0 hosts the coordination service: its loss is met by jax's own client, which aborts
+  the others at once with its fatal line (its Python callback for that cannot be used: jaxlib
+  cannot hand it the status). What README promises: nonzero, at once, and that line."""
+  workdir = tmp_path / "run"
+  procs = _start_two(workdir, image_folder, _free_port())
+  deadline = time.time() + 300
+  while time.time() < deadline and not runs.after_step(6)(None, workdir):
+    assert all(p.poll() is None for p in procs), procs[1].stderr.read()[-3000:]
+    time.sleep(0.01)
+  procs[0].kill()
+  procs[0].wait(timeout=60)
+  killed = time.time()
+  _, log = procs[1].communicate(timeout=120)
+  assert procs[1].returncode != 0 and time.time() - killed < 30, log[-3000:]
+  assert "another task died" in log, log[-3000:]
+
+
+@pytest.mark.slow
 def test_final_json_failing_on_process_0_ends_every_process(image_folder, tmp_path):
   """Process 0 alone writes final.json: process 1 waits to learn how that went, and both end
   with its line, not 1 and 0."""
