@@ -447,13 +447,14 @@ def plot_compute(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
     print(f"warning: no compute figure: {error}", file=sys.stderr)
     return None
   figure, axes = plt.subplots(figsize=(8, 5))
-  colours = {}
+  styles = {}  # Ten colours, then a new marker: past ten rows no two look alike.
   for r, seed, top1 in points:
-    colour = colours.setdefault(r["name"], f"C{len(colours) % 10}")
+    n = len(styles)
+    colour, marker = styles.setdefault(r["name"], (f"C{n % 10}", "osD^v"[(n // 10) % 5]))
     own = r["train_pflops"].get(seed, r["train_pflops"].get(str(seed)))
     teacher = (r.get("teacher_pflops") or {}).get(seed, 0.0)
     label = r["name"] if seed == r["seeds_done"][0] else None
-    axes.scatter([own + teacher], [top1], color=colour, label=label, zorder=3)
+    axes.scatter([own + teacher], [top1], color=colour, marker=marker, label=label, zorder=3)
     if teacher:
       axes.plot([own, own + teacher], [top1, top1], color=colour, lw=1, ls=":")
       axes.scatter([own], [top1], color=colour, marker="|", zorder=3)
@@ -461,7 +462,7 @@ def plot_compute(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
   axes.set_ylabel("ViT final top-1 (%)")
   axes.set_title(report["title"], fontsize=9)
   axes.grid(alpha=0.3)
-  axes.legend(fontsize=7, loc="best")
+  axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
   path = root / COMPUTE
   figure.tight_layout()
   figure.savefig(str(path), dpi=120)
