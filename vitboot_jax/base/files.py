@@ -13,6 +13,7 @@ run's own files from others.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import uuid
@@ -21,6 +22,15 @@ from typing import IO, Any
 
 from absl import logging
 from etils import epath
+
+# The fix for each way a write fails that the user must mend (one line names it, e.g. a full disk).
+WRITE_FIXES = {
+  errno.ENOSPC: "Free disk space (or move the workdir to a larger disk)",
+  errno.EDQUOT: "Free space within your disk quota",
+  errno.EACCES: "Make the workdir writable",
+  errno.EPERM: "Make the workdir writable",
+  errno.EROFS: "Use a workdir on a writable file system",
+}
 
 
 def is_local(path: epath.PathLike) -> bool:

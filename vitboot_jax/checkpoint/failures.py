@@ -10,7 +10,6 @@ line together and none enters a collective that another has left.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -21,7 +20,7 @@ import numpy as np
 from etils import epath
 
 from vitboot_jax import sharding
-from vitboot_jax.base import errors
+from vitboot_jax.base import errors, files
 from vitboot_jax.run import workdir_claim
 from vitboot_jax.run.workdir_rules import DAMAGED_SUBDIR
 
@@ -137,7 +136,7 @@ def write_failure(what: str, error: BaseException, complete: list[int] | None) -
     kept = f"step {complete[-1]}" if complete else "none yet"
   return (
     f"{what} failed: {reason}. "
-    f"{_WRITE_FIX.get(code, 'Fix the cause')} and re-run the same command; it resumes "
+    f"{files.WRITE_FIXES.get(code, 'Fix the cause')} and re-run the same command; it resumes "
     f"from the newest complete checkpoint ({kept}), which is intact."
   )
 
@@ -201,15 +200,6 @@ def unconfirmed_damage_error(step_dir: epath.Path, process: int, cause: str) -> 
     "its read failed for a moment. Nothing was moved. Re-run the same command; if it fails "
     "again, check that every host sees the same files."
   )
-
-
-_WRITE_FIX = {
-  errno.ENOSPC: "Free disk space (or move the workdir to a larger disk)",
-  errno.EDQUOT: "Free space within your disk quota",
-  errno.EACCES: "Make the workdir writable",
-  errno.EPERM: "Make the workdir writable",
-  errno.EROFS: "Use a workdir on a writable file system",
-}
 
 
 def _os_error(error: BaseException) -> tuple[int, str, str] | None:

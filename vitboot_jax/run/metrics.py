@@ -123,9 +123,6 @@ def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
 EVENTS_FLUSH_SECONDS = 120.0
 _NEVER = 10**9
 
-# Reasons a write fails that name their fix (checkpoint.failures words them), as text.
-_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
-
 
 @contextlib.contextmanager
 def _naming_event_file(path: str) -> Iterator[None]:
@@ -139,7 +136,7 @@ def _naming_event_file(path: str) -> Iterator[None]:
   except Exception as error:
     if not type(error).__module__.startswith("tensorflow"):
       raise
-    code = next((c for c in _WRITE_ERRNOS if os.strerror(c) in str(error)), None)
+    code = next((c for c in files.WRITE_FIXES if os.strerror(c) in str(error)), None)
     if code is None:
       raise OSError(errno.EIO, errors.first_line(error), path) from error
     raise OSError(code, os.strerror(code), path) from error
