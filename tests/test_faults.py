@@ -271,7 +271,7 @@ def disk_64k(tmp_path):
   yield from _tmpfs(tmp_path / "disk_64k", "64k")
 
 
-@pytest.mark.skipif(metrics_lib.EventFileWriter is None, reason="no tensorboard package")
+@pytest.mark.skipif(metrics_lib.RecordWriter is None, reason="no tensorboard package")
 def test_a_full_disk_under_the_event_file_names_it(disk_64k):
   """TensorBoard's writer fails at its flush, naming no file: the error names the event file."""
   disk = disk_64k

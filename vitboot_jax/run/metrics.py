@@ -2,7 +2,7 @@
 
 `metrics.jsonl` is the machine-readable record the tools read (one `{"step": N, ...}` object a
 line); TensorBoard gets the same scalars as event files written with the `tensorboard` package's
-own writer, which needs no TensorFlow (without that package: metrics.jsonl alone, said once).
+record writer, which needs no TensorFlow (without that package: metrics.jsonl alone, said once).
 Only process 0 writes files, so a pod run leaves one copy. A run killed after its last
 checkpoint leaves lines that its resumed run will write again: `truncate_after(restored_step)`
 drops them first, so no step appears twice.
@@ -14,6 +14,7 @@ import contextlib
 import errno
 import json
 import os
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -26,6 +27,7 @@ from etils import epath
 from vitboot_jax.base import errors, files
 
 try:  # TensorFlow-free: clu's writer would import TensorFlow.
+  from tensorboard.compat import tf as tb_tf
   from tensorboard.compat.proto import (
     event_pb2,
     summary_pb2,
@@ -33,9 +35,9 @@ try:  # TensorFlow-free: clu's writer would import TensorFlow.
     tensor_shape_pb2,
     types_pb2,
   )
-  from tensorboard.summary.writer.event_file_writer import EventFileWriter
+  from tensorboard.summary.writer.record_writer import RecordWriter
 except ImportError:
-  EventFileWriter = None
+  RecordWriter = None
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -121,7 +123,6 @@ def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
 
 # TensorBoard sees new scalars at least this often (its writer's own default interval).
 EVENTS_FLUSH_SECONDS = 120.0
-_NEVER = 10**9
 
 
 @contextlib.contextmanager
@@ -143,16 +144,33 @@ def _naming_event_file(path: str) -> Iterator[None]:
 
 
 class _EventWriter:
-  """TensorBoard scalars (the scalars plugin's float tensors, as tf.summary.scalar writes them)."""
+  """TensorBoard scalars (the scalars plugin's float tensors, as tf.summary.scalar writes them).
+
+  Records are written in the caller's thread with tensorboard's record format: its
+  EventFileWriter writes from a thread of its own, where a failed write (a full disk) prints a
+  traceback instead of reaching the run's one-line ending.
+  """
 
   def __init__(self, logdir: str):
-    # Its thread would flush on its own, and a failure there prints a traceback: we flush, here.
-    self._events = EventFileWriter(logdir, flush_secs=_NEVER)
-    self._flushed = time.monotonic()
-    self._file = getattr(self._events, "_file_name", logdir)  # For errors: a full disk names none.
+    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.0"
+    self._file = os.path.join(logdir, name)
+    with _naming_event_file(self._file):
+      tb_tf.io.gfile.makedirs(logdir)
+      self._records = RecordWriter(tb_tf.io.gfile.GFile(self._file, "wb"))
     self._metadata = summary_pb2.SummaryMetadata(
       plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
     )
+    version = event_pb2.Event(
+      wall_time=time.time(),
+      file_version="brain.Event:2",
+      source_metadata=event_pb2.SourceMetadata(writer="vitboot_jax"),
+    )
+    self._add(version)
+    self.flush()
+
+  def _add(self, event: event_pb2.Event) -> None:
+    with _naming_event_file(self._file):
+      self._records.write(event.SerializeToString())
 
   def write_scalars(self, step: int, values: Mapping[str, int | float]) -> None:
     summary = summary_pb2.Summary(
@@ -169,19 +187,19 @@ class _EventWriter:
         for name, value in values.items()
       ]
     )
-    with _naming_event_file(self._file):
-      self._events.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+    self._add(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
     if time.monotonic() - self._flushed >= EVENTS_FLUSH_SECONDS:
       self.flush()
 
   def flush(self) -> None:
     with _naming_event_file(self._file):
-      self._events.flush()
+      self._records.flush()
     self._flushed = time.monotonic()
 
   def close(self) -> None:
     with _naming_event_file(self._file):
-      self._events.close()
+      self._records.flush()
+      self._records.close()
 
 
 class _NoEvents:
@@ -209,7 +227,7 @@ class MetricWriter:
 
     Args:
       workdir: The run's directory; created if missing.
-      asynchronous: Unused (kept for callers): the event writer always has its own thread.
+      asynchronous: Unused (kept for callers): events are written in the caller's thread.
       flush_every_steps: The checkpoint interval: on an object store, metrics.jsonl is flushed
         at these steps (and after evaluations, at flush(), every REMOTE_FLUSH_SECONDS), so lines
         up to a saved step survive a kill. Local files get every line at once.
@@ -225,7 +243,7 @@ class MetricWriter:
     # No LoggingWriter: the console gets progress.py's compact line, not every scalar.
     del asynchronous
     self._writer = _NoEvents()
-    if self._is_writer and EventFileWriter is None:
+    if self._is_writer and RecordWriter is None:
       logging.info("No `tensorboard` package: metrics go to %s alone.", self._path)
     elif self._is_writer:
       self._writer = _EventWriter(os.fspath(self._workdir))
