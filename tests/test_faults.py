@@ -603,7 +603,7 @@ def _ended_together(procs, timeout=240):
     lines += [x.split("] ", 1)[1] for x in log.splitlines() if _OUR_ERROR.match(x)]
     assert len(lines) == 1, _both(logs)
     ends.add((proc.returncode, lines[0]))
-  assert len(ends) == 1, _both(logs)
+  assert len(ends) == 1 and min(p.returncode for p in procs) >= 0, _both(logs)  # No abort.
   return ends.pop(), logs
 
 
