@@ -15,7 +15,7 @@ VITBOOT_TEST_FAULT (several: comma-separated):
 - `final`: writing final.json fails with a full disk;
 - `slow_agreement`: this process reads a save's agreement only SLOW_S after writing its own part
   (a loaded host), so another's failure is published while it is still in the agreement;
-- `slow_leaving`: leaving the distributed service takes SLOW_S more, so whatever this process's
+- `slow_leaving`: leaving the run on its ending takes 3 SLOW_S more, so whatever this process's
   main thread does once the ending began shows before it exits.
 """
 
@@ -40,7 +40,7 @@ def _inject(fault: str) -> None:
 
   from vitboot_jax import sharding
   from vitboot_jax.checkpoint import checkpointer, failures
-  from vitboot_jax.run import metrics, workdir_claim, workdir_rules
+  from vitboot_jax.run import failing, metrics, workdir_claim, workdir_rules
 
   def failing_read(self, step, target):
     sharded = any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(target))
@@ -68,8 +68,8 @@ def _inject(fault: str) -> None:
       time.sleep(SLOW_S)
     return collect(client, prefix, timeout_s)
 
-  def slow_shutdown():
-    shutdown()
+  def slow_leaving(leave_s):
+    exit_in_order(leave_s)
     time.sleep(3 * SLOW_S)  # Outlasts the agreement's delay, whenever the ending began.
 
   if fault in ("unreadable", "restore"):
@@ -124,8 +124,8 @@ def _inject(fault: str) -> None:
     collect = sharding._collect
     sharding._collect = slow_collect
   elif fault == "slow_leaving":
-    shutdown = jax.distributed.shutdown
-    jax.distributed.shutdown = slow_shutdown
+    exit_in_order = failing._exit_in_order
+    failing._exit_in_order = slow_leaving
   else:
     raise ValueError(f"VITBOOT_TEST_FAULT={fault!r} is not a fault")
 

@@ -10,12 +10,14 @@ exits with the same code, even while its main thread is blocked in a collective.
 run prints the line and exits as it always did.
 
 The ending is one state of the process, begun once: every thread consults it before it reads the
-store or says anything, and an error raised after it began is its echo (leaving the service
-cancels this process's pending reads), never a second line. An error of the coordination service
+store or says anything, and an error raised after it began is its echo (a read of the
+store cancelled as the run ends), never a second line. An error of the coordination service
 itself (a read cancelled, unavailable or past its deadline) is taken as a sign that a peer failed:
-that peer's line is read and ended with. Leaving keeps jax.distributed's shutdown barrier, bounded
-in time: process 0 hosts the service, and a peer whose client sees it vanish is terminated by jax
-with its own fatal error, not with the run's line.
+that peer's line is read and ended with. Leaving is an order, not jax.distributed's shutdown:
+process 0 hosts the service, and a client that sees it vanish is aborted by jax (SIGABRT, no
+line), so every other process marks that it exits and exits, and process 0 exits once all have
+marked. jax's own shutdown (a barrier, then the service's teardown) is not used on this path: under
+load it could still end every process by jax's abort, after the line.
 
 A peer can also stop without a word (SIGKILL, the OOM killer, its host lost): its collectives fail
 here at once (Gloo: "connection closed by peer") or never return (a read of the store), and jax's
@@ -49,8 +51,12 @@ _READ_MS = 60_000
 # How long an unforeseen error waits for another process's line: that process's leaving can be
 # what surfaced here (a cancelled read of the store), published just before.
 _SETTLE_MS = 2_000
-# How long a process waits for the others to leave the service with it (a wedged one never does).
+# How long process 0 waits for the others to mark that they exit (a wedged one never does).
 _LEAVE_S = 60.0
+# Each process's mark that it is exiting on the run's ending, and how long process 0 waits after
+# the last mark for that process's exit (the next statement) before the service goes with it.
+_EXITING_KEY = "vitboot_jax/exiting/{}"
+_EXIT_AFTER_S = 2.0
 # Each process's count of its watcher's polls, and its mark of a normal leaving.
 _ALIVE_KEY = "vitboot_jax/alive/{}"
 _LEFT_KEY = "vitboot_jax/left/{}"
@@ -259,24 +265,37 @@ def _published(wait_ms: int) -> str | None:
 
 
 def _leave(message: str, code: int, leave_s: float = _LEAVE_S) -> NoReturn:
-  """Prints the line, lets go of the workdir and the distributed service, and exits at once: the
+  """Prints the line, lets go of the workdir and exits, after the others if this is process 0: the
   main thread may be blocked in a collective that will never finish."""
-  import jax
-
-  def shutdown():
-    try:
-      jax.distributed.shutdown()  # Together with the others, so none sees the service vanish.
-    except Exception as error:
-      logging.info("Leaving the distributed service failed: %s", error)
-
   _say(message, code)
   workdir_claim.release_held()
-  leaving = threading.Thread(target=shutdown, name="ending-shutdown", daemon=True)
-  leaving.start()
-  leaving.join(leave_s)
   sys.stdout.flush()
   sys.stderr.flush()
+  _exit_in_order(leave_s)
   os._exit(code)
+
+
+def _exit_in_order(leave_s: float) -> None:
+  """Marks this process's exit; process 0, which hosts the service, first waits (up to `leave_s`)
+  for every other process's mark."""
+  import jax
+
+  client = _client()
+  if client is None:
+    return
+  me = jax.process_index()
+  if me != 0:
+    with contextlib.suppress(Exception):  # The service is gone: nobody waits for this mark.
+      client.key_value_set(_EXITING_KEY.format(me), "")
+    return
+  deadline = time.monotonic() + leave_s
+  for peer in range(1, jax.process_count()):
+    wait_ms = max(1, int(1000 * (deadline - time.monotonic())))
+    try:
+      client.blocking_key_value_get(_EXITING_KEY.format(peer), wait_ms)
+    except Exception as error:  # Wedged or gone: it exits on its own (jax aborts it) or is gone.
+      logging.info("Process %d did not mark its exit: %s", peer, errors.first_line(error))
+  time.sleep(_EXIT_AFTER_S)
 
 
 def _decode(encoded: str) -> tuple[str, int]:
