@@ -5,9 +5,9 @@ shard, any error on its host) would leave the others waiting in a collective it 
 collectives have no timeout, and the failed process's own exit waits minutes for the others at
 jax.distributed's shutdown barrier. So the process that fails first publishes its line and code in
 jax.distributed's key-value store; every process watches that key in a thread (`watching`) and,
-once it is set, prints the same line, leaves the distributed service together with the others and
-exits with the same code, even while its main thread is blocked in a collective. A single-process
-run prints the line and exits as it always did.
+once it is set, prints the same line and exits with the same code, in order (below), even while
+its main thread is blocked in a collective. A single-process run prints the line and exits as it
+always did.
 
 The ending is one state of the process, begun once: every thread consults it before it reads the
 store or says anything, and an error raised after it began is its echo (a read of the
