@@ -273,7 +273,7 @@ def disk_64k(tmp_path):
 
 @pytest.mark.skipif(metrics_lib.RecordWriter is None, reason="no tensorboard package")
 def test_a_full_disk_under_the_event_file_names_it(disk_64k):
-  """TensorBoard's writer fails at its flush, naming no file: the error names the event file."""
+  """A full disk fails the event file's write or flush, naming no file: the error names it."""
   disk = disk_64k
   events = metrics_lib._EventWriter(str(disk))
   try:

@@ -126,3 +126,12 @@ def test_write_json_is_atomic_and_handles_numpy(tmp_path):
   with pytest.raises(TypeError, match="not JSON serialisable"):
     metrics_lib.write_json(path, {"bad": object()})
   assert json.loads(path.read_text())["acc"] == 0.75  # The old file survives a failed write.
+
+
+@pytest.mark.skipif(metrics_lib.RecordWriter is None, reason="no tensorboard package")
+def test_two_writers_in_one_second_keep_two_event_files(tmp_path):
+  metrics_lib.MetricWriter(tmp_path / "warm").close()  # TensorFlow's import takes seconds.
+  for step in (1, 2):
+    with metrics_lib.MetricWriter(tmp_path / "run") as writer:
+      writer.write(step, {"train/loss": 0.5})
+  assert len(glob.glob(os.path.join(tmp_path, "run", "events.out.tfevents.*"))) == 2

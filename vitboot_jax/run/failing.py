@@ -48,8 +48,8 @@ _KEY = "vitboot_jax/ending"
 _POLL_MS = 1000
 # How long a process whose failure came second waits to read the first one.
 _READ_MS = 60_000
-# How long an unforeseen error waits for another process's line: that process's leaving can be
-# what surfaced here (a cancelled read of the store), published just before.
+# How long an unforeseen error waits for another process's line: that process's exit can be
+# what surfaced here (a collective with it broken), published just before.
 _SETTLE_MS = 2_000
 # How long process 0 waits for the others to mark that they exit (a wedged one never does).
 _LEAVE_S = 60.0

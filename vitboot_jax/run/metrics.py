@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import os
 import socket
@@ -123,6 +124,9 @@ def read_metrics(workdir: epath.PathLike) -> list[dict[str, Any]]:
 
 # TensorBoard sees new scalars at least this often (its writer's own default interval).
 EVENTS_FLUSH_SECONDS = 120.0
+# Numbers this process's event files, so two opened in one second never share a name ("wb" would
+# truncate the first).
+_EVENT_FILES = itertools.count()
 
 
 @contextlib.contextmanager
@@ -152,7 +156,8 @@ class _EventWriter:
   """
 
   def __init__(self, logdir: str):
-    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.0"
+    stamp, host, number = int(time.time()), socket.gethostname(), next(_EVENT_FILES)
+    name = f"events.out.tfevents.{stamp:010d}.{host}.{os.getpid()}.{number}"
     self._file = os.path.join(logdir, name)
     with _naming_event_file(self._file):
       tb_tf.io.gfile.makedirs(logdir)
