@@ -78,7 +78,7 @@ def test_subset_and_order_are_the_tfdata_pipelines(npz_dir):
   from vitboot_jax.data import tfdata_pipeline, tfdata_sources
 
   config = _config(npz_dir, train_fraction=0.5)
-  images, labels, index = device_pipeline.read_split(config, "train", subset=True)
+  images, labels, index = device_pipeline.read_split(config, "train")
   all_labels = read_npz.read_npz(str(npz_dir), "train")["labels"]
   want = splits.subset_indices(all_labels, 0.5)
   np.testing.assert_array_equal(index, want)
@@ -105,7 +105,7 @@ def test_batches_are_a_function_of_the_step(npz_dir):
   dataset, batch_at = _place(config, mesh)
   steps = dataset.info.steps_per_epoch
   assert steps == 5  # 80 examples, batch 16.
-  arrays = device_pipeline.read_split(config, "train", subset=True)
+  arrays = device_pipeline.read_split(config, "train")
   lookup = {arr.tobytes(): i for i, arr in enumerate(arrays[0])}
   epochs = []
   for epoch in range(2):
@@ -298,7 +298,7 @@ def test_data_record_and_test_split_check_need_no_tensorflow(image_folder, npz_d
     "info = splits.DatasetInfo(160, 40, 10, 10, tuple(f'class{c}' for c in range(10)))\n"
     "records = [workdir_record.data_fingerprint(config, info)]\n"
     "try:\n"
-    "  device_pipeline.read_split(config, 'test', subset=False)\n"
+    "  device_pipeline.read_split(config, 'eval')\n"
     "  message = None\n"
     "except errors.UsageError as error:\n"
     "  message = str(error)\n"

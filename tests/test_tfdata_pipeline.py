@@ -85,7 +85,7 @@ def take(iterator, n):
 
 def test_dataset_info_and_canonical_labels(folder):
   info = tfdata_pipeline.dataset_info(make_config(folder))
-  assert info == splits.DatasetInfo(30, NUM_EVAL, 3, 5, CLASSES)
+  assert info == splits.DatasetInfo(30, NUM_EVAL, 3, 5, CLASSES, num_train_split=30)
   labels = tfdata_pipeline.split_labels(make_config(folder), "train")
   np.testing.assert_array_equal(labels, np.repeat([0, 1, 2], NUM_TRAIN_PER_CLASS))
 
@@ -437,7 +437,7 @@ def named_images(tmp_path_factory):
 
 def _selected_names(config) -> set[str]:
   source = tfdata_sources.open_source(config)
-  keep = tfdata_sources.train_subset(source, config)
+  keep = tfdata_sources.part_rows(source, config)
   if config.data.name == "folder":
     paths = source._listing(config.data.train_split)[0]
     return {str(p).rsplit("/", 1)[-1] for p in paths[keep]}
@@ -471,6 +471,22 @@ def test_tfds_subset_selects_the_image_folder_images(named_images):
     seen.append(set(np.concatenate([example_ids(b["image"]) for b in batches]).tolist()))
   want = {NAMED_FILES.index(n) for n in _selected_names(make_config(root, train_fraction=0.5))}
   assert seen[0] == seen[1] == want
+
+
+def test_tfds_holds_out_the_image_folder_validation_images(named_images):
+  data_dir, root = named_images
+  names = []
+  for config in (make_config(root), make_config(data_dir, name="vitboot_named_images")):
+    config.data.update(train_fraction=0.5, val_split="held_out", val_fraction=0.2)
+    source = tfdata_sources.open_source(config)
+    val, train = (tfdata_sources.part_rows(source, config, part) for part in ("val", "train"))
+    assert len(val) == 3 * round(NAMED_PER_CLASS * 0.2) and not set(val) & set(train)
+    if config.data.name == "folder":
+      paths = source._listing("train")[0]
+      names.append({str(p).rsplit("/", 1)[-1] for p in paths[val]})
+    else:
+      names.append({n.decode() for n in source.file_names("train")[val]})
+  assert names[0] == names[1]
 
 
 # CIFAR: tfds cifar10 has no file names but an `id` ("train_00042", the index in the original
@@ -526,11 +542,11 @@ def test_tfds_cifar_subset_follows_the_original_order(tmp_path):
     source = tfdata_sources.open_source(tfds_config)
     ids = source.file_names("train")
     assert sorted(ids) != list(ids)  # Stored in tfds' hashed order, not the original one.
-    keep = tfdata_sources.train_subset(source, tfds_config)
+    keep = tfdata_sources.part_rows(source, tfds_config)
     from_tfds = {int(i.decode()[len("train_") :]) for i in ids[keep]}
     folder = make_config(root, train_fraction=fraction)
     paths = tfdata_sources.open_source(folder)._listing("train")[0]
-    kept_paths = paths[tfdata_sources.train_subset(tfdata_sources.open_source(folder), folder)]
+    kept_paths = paths[tfdata_sources.part_rows(tfdata_sources.open_source(folder), folder)]
     from_folder = {
       3 * int(p.rsplit("/", 1)[1][:4]) + CLASSES.index(p.rsplit("/", 2)[1]) for p in kept_paths
     }

@@ -110,6 +110,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.dir = ml_collections.FieldReference(None, field_type=str)  # tfds data_dir or folder root.
   c.data.train_split = "train"
   c.data.eval_split = "test"
+  # Validation, which choices among runs read (never the test split): "" none; "held_out" the
+  # last val_fraction of each class of the training split in the subset order (data/splits.py),
+  # left out of training; or the name of a split of its own (an image folder's "val").
+  c.data.val_split = ""
+  c.data.val_fraction = 0.1
   c.data.num_classes = 0
   c.data.train_fraction = 1.0  # Per-class fraction of the training set (the paper's subsets).
   c.data.augment = "none"  # "cifar" | "imagenet" | "none"
@@ -298,6 +303,30 @@ def check_choices(c: ml_collections.ConfigDict) -> None:
       raise ConfigError(unknown_choice(f"config.{field}", value, allowed))
 
 
+def _validate_validation(data: ml_collections.ConfigDict) -> None:
+  """The validation split is held out or a split of its own, never the test or training split."""
+  val_split = data.get("val_split", "")
+  if not val_split:
+    return
+  if val_split == "held_out":
+    if not 0.0 < data.val_fraction < 1.0:
+      raise ConfigError(
+        f"config.data.val_fraction={data.val_fraction} must be in (0, 1): the share of each "
+        "class of the training split held out for validation"
+      )
+  elif val_split == data.eval_split:
+    raise ConfigError(
+      f"config.data.val_split={val_split!r} is the test split (config.data.eval_split): choices "
+      "read on it are optimistic; set --config.data.val_split=held_out to hold validation images "
+      "out of the training split"
+    )
+  elif val_split == data.train_split:
+    raise ConfigError(
+      f"config.data.val_split={val_split!r} is the training split itself, so validation would "
+      "overlap training; set --config.data.val_split=held_out to hold images out of it"
+    )
+
+
 def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Fails fast with a message that names the field and the fix."""
   unset = _unset(c, REQUIRED) + _unset(c, REQUIRED_BY_MODE.get(c.mode, ()))
@@ -319,6 +348,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     )
   if not 0.0 < c.data.train_fraction <= 1.0:
     raise ConfigError(f"config.data.train_fraction={c.data.train_fraction} must be in (0, 1]")
+  _validate_validation(c.data)
   if c.batch_size <= 0:
     raise ConfigError(f"config.batch_size={c.batch_size} must be positive")
   if not isinstance(c.eval_every_epochs, int) or c.eval_every_epochs < 1:

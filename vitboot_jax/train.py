@@ -151,7 +151,10 @@ class _Loop:
     self._config, self._feed, self._trainer = config, feed, trainer
     self._ckpt, self._writer, self._progress = ckpt, writer, progress_log
     self._per_epoch, self._total = progress_log.per_epoch, progress_log.total
-    self._num_eval_batches = -(-feed.info.num_eval_examples // config.data.eval_batch_size)
+    counts = {"eval": feed.info.num_eval_examples, "val": feed.info.num_val_examples}
+    self._num_eval_batches = {
+      part: -(-counts[part] // config.data.eval_batch_size) for part in loop_feed.eval_parts(config)
+    }
     self._finite = _FiniteCheck(ckpt)
     self._dispatched = False
 
@@ -175,15 +178,21 @@ class _Loop:
   def evaluate(
     self, step: int, state: TrainState, stop: preemption.StopSignals | None = None
   ) -> dict[str, float]:
-    """Evaluates `state` (of step `step`); a signal to `stop` raises EvaluationInterrupted."""
-    batches = self._progress.eval_batches(self._feed.eval_batches(), self._num_eval_batches)
-    if stop is not None:
-      batches = stop.interrupting(batches)
+    """Evaluates `state` (of step `step`) on the test split ("eval/..." metrics) and on the
+    validation split where there is one ("val/..."); a signal to `stop` raises
+    EvaluationInterrupted."""
     in_flight = self._trainer.models.kernels.eval_batches_in_flight
+    out: dict[str, float] = {}
     with self._progress.evaluating(step):
-      return evaluate.evaluate(
-        self._trainer.eval_step, state.params, state.batch_stats, batches, in_flight
-      )
+      for part, num_batches in self._num_eval_batches.items():
+        batches = self._progress.eval_batches(self._feed.eval_batches(part), num_batches)
+        if stop is not None:
+          batches = stop.interrupting(batches)
+        measured = evaluate.evaluate(
+          self._trainer.eval_step, state.params, state.batch_stats, batches, in_flight
+        )
+        out.update({k.replace("eval/", f"{part}/", 1): v for k, v in measured.items()})
+    return out
 
   def evaluate_and_log(
     self,
@@ -295,9 +304,10 @@ def train_and_evaluate(
     batch_size=config.batch_size,
     start_step=start_step,
     eval_every=eval_every,
-    num_eval_examples=info.num_eval_examples,
+    num_eval_examples=info.num_eval_examples + info.num_val_examples,
   )
   loop = _Loop(config, feed, trainer, ckpt, writer, progress_log)
+  logging.info("Data: %s.", data_record["summary"])
   logging.info(
     "Training %s (%s) for %d steps (%d per epoch, %d examples, up to %d a call) on %d devices, "
     "%d processes",
@@ -350,7 +360,9 @@ def train_and_evaluate(
       # > 0 when this run continued a checkpoint: the time above then covers only this run's steps.
       "resumed_from_step": start_step,
       "code": run_code,  # This launch's (launches.jsonl holds every launch's).
-      **{k.replace("eval/", ""): v for k, v in eval_metrics.items()},
+      **{k.replace("eval/", ""): v for k, v in eval_metrics.items() if k.startswith("eval/")},
+      # The validation split's, where the config has one: what choices among runs read.
+      **{k.replace("/", "_", 1): v for k, v in eval_metrics.items() if k.startswith("val/")},
     }
   failure = None
   if jax.process_index() == 0:

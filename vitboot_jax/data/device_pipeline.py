@@ -96,18 +96,20 @@ def feeding(
 
 
 def read_split(
-  config: ml_collections.ConfigDict, split: str, *, subset: bool
+  config: ml_collections.ConfigDict, part: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(images uint8 [N, H, W, 3], labels, index in the split) of a split on the host, checked:
-  every image decodes and has config.data.stored_size (a bad one is named, before training)."""
+  """(images uint8 [N, H, W, 3], labels, index in the split) of `part` on the host (splits.PARTS:
+  "train", "val" or "eval"), checked: every image decodes and has config.data.stored_size (a bad
+  one is named, before training)."""
   if config.data.name == "folder":
-    arrays = read_folders.folder_arrays(config, split, subset)
+    arrays = read_folders.folder_arrays(config, part)
   elif config.data.name == "npz":
-    arrays = read_npz.npz_arrays(config, split, subset)
+    arrays = read_npz.npz_arrays(config, part)
   else:
     from vitboot_jax.data import tfdata_sources  # tfds: TensorFlow decodes.
 
-    arrays = tfdata_sources.decoded_arrays(config, split, subset=subset)
+    arrays = tfdata_sources.decoded_arrays(config, part)
+  split = splits.part_split(config, part)
   where = f"{config.data.name} split {split!r}"
   if config.data.name == "npz":
     where = read_npz.npz_path(config.data.dir, split)
@@ -162,12 +164,14 @@ def _replicate(arrays: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> Data:
 
 
 class DeviceDataset:
-  """The train subset and the eval split on the devices, and the jitted eval slicer."""
+  """The train subset, the eval split and the validation split on the devices, and the jitted
+  eval slicer."""
 
   def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
     split, eval_split = config.data.train_split, config.data.eval_split
-    images, labels, index = read_split(config, split, subset=True)
-    eval_images, eval_labels, _ = read_split(config, eval_split, subset=False)
+    images, labels, index = read_split(config, "train")
+    eval_images, eval_labels, _ = read_split(config, "eval")
+    val = read_split(config, "val") if splits.validation_split(config) else None
     num_classes = config.data.num_classes
     class_names = _class_names(config)
     if len(class_names) != num_classes:
@@ -179,14 +183,20 @@ class DeviceDataset:
     splits.check_labels(labels, num_classes, f"{config.data.name} {split}")
     splits.check_labels(eval_labels, num_classes, f"{config.data.name} {eval_split}")
     self.eval_batch_size = config.data.eval_batch_size
-    eval_arrays = _eval_padded(eval_images, eval_labels, self.eval_batch_size)
+    held = {"eval": _eval_padded(eval_images, eval_labels, self.eval_batch_size)}
+    if val is not None:
+      splits.check_labels(val[1], num_classes, f"{config.data.name} validation")
+      held["val"] = _eval_padded(val[0], val[1], self.eval_batch_size)
     train_arrays = {
       "image": images,
       "label": labels.astype(np.int32),
       "index": index.astype(np.int32),
     }
-    nbytes = sum(a.nbytes for a in (*train_arrays.values(), *eval_arrays.values()))
+    arrays = [*train_arrays.values(), *(a for part in held.values() for a in part.values())]
+    nbytes = sum(a.nbytes for a in arrays)
     sizes = f"{len(labels)} train + {len(eval_labels)} eval images of {images.shape[1:]}"
+    if val is not None:
+      sizes = sizes.replace(" eval", f" eval + {len(val[1])} validation")
     device = mesh.devices.flat[0]
     check_fits(config, nbytes, sizes, device, free_bytes(device))
     self.info = DatasetInfo(
@@ -195,10 +205,13 @@ class DeviceDataset:
       num_classes=num_classes,
       steps_per_epoch=splits.steps_per_epoch(config, len(labels)),
       class_names=class_names,
+      num_val_examples=0 if val is None else len(val[1]),
+      num_train_split=_split_size(config, split, len(labels)),
     )
     self.train = _replicate(train_arrays, mesh)
-    self.eval = _replicate(eval_arrays, mesh)
-    self.num_eval_batches = len(eval_arrays["label"]) // self.eval_batch_size
+    self._held = {part: _replicate(a, mesh) for part, a in held.items()}
+    self.eval = self._held["eval"]
+    self.num_eval_batches = len(held["eval"]["label"]) // self.eval_batch_size
     logging.info("Dataset on the devices: %s, %.1f MiB per device.", sizes, nbytes / 2**20)
     size, batch_sharding = self.eval_batch_size, sharding.batch_sharded(mesh)
 
@@ -207,10 +220,25 @@ class DeviceDataset:
 
     self._eval_slice = jax.jit(eval_slice, out_shardings=batch_sharding)
 
-  def eval_batches(self) -> Iterator[Batch]:
-    """Global eval batches {"image", "label", "mask"}, sliced on the devices."""
-    for i in range(self.num_eval_batches):
-      yield self._eval_slice(self.eval, np.int32(i))
+  def eval_batches(self, part: str = "eval") -> Iterator[Batch]:
+    """Global batches {"image", "label", "mask"} of the eval split (or of the validation split:
+    `part`="val"), sliced on the devices."""
+    data = self._held[part]
+    for i in range(data["label"].shape[0] // self.eval_batch_size):
+      yield self._eval_slice(data, np.int32(i))
+
+
+def _split_size(config: ml_collections.ConfigDict, split: str, num_train: int) -> int:
+  """Examples of the whole training split: listed again only where part of it was left out."""
+  if not splits.takes_rows(config):
+    return num_train
+  if config.data.name == "folder":
+    return len(read_folders.split_paths(config, split))
+  if config.data.name == "npz":
+    return len(read_npz.read_npz(config.data.dir, split, split)["labels"])
+  from vitboot_jax.data import tfdata_sources
+
+  return tfdata_sources.open_source(config).count(split)
 
 
 def _class_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:

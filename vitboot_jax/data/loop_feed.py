@@ -2,11 +2,12 @@
 
 `open_feed(config, mesh)` gives the run's `info` (sizes), `train(start_step)`: a function
 `next_input(n)` giving the second argument of the jitted call of the next n steps from
-`start_step` on, `eval_batches()`: one evaluation's global batches, and `check_eval_split()`:
-a bad test image fails before training. With config.data.pipeline="tfdata" the input is the next
-host batch split over the mesh (n == 1) or the next n stacked [n, B, ...]; with "device" it is the
-same on-device dataset every call (device_pipeline.feeding makes each batch inside the step), and
-every image was decoded and checked as it was loaded. Only the tf.data feed imports TensorFlow.
+`start_step` on, `eval_batches(part)`: one evaluation's global batches of the test split or of
+the validation split, and `check_eval_split()`: a bad test image fails before training. With
+config.data.pipeline="tfdata" the input is the next host batch split over the mesh (n == 1) or
+the next n stacked [n, B, ...]; with "device" it is the same on-device dataset every call
+(device_pipeline.feeding makes each batch inside the step), and every image was decoded and
+checked as it was loaded. Only the tf.data feed imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import jax
 import ml_collections
 
 from vitboot_jax import sharding
+from vitboot_jax.data import splits
 from vitboot_jax.data.splits import DatasetInfo
+
+
+def eval_parts(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """What each evaluation reads: the validation split, where the config has one, then the eval
+  (test) split."""
+  return ("val", "eval") if splits.validation_split(config) else ("eval",)
 
 
 class TfDataFeed:
@@ -31,7 +39,10 @@ class TfDataFeed:
 
     self._pipeline, self._config, self._mesh = tfdata_pipeline, config, mesh
     self.info: DatasetInfo = tfdata_pipeline.dataset_info(config)
-    self._eval_dataset = tfdata_pipeline.eval_dataset(config)  # Built once: it caches images.
+    # Built once: they cache images.
+    self._eval_datasets = {
+      part: tfdata_pipeline.eval_dataset(config, part=part) for part in eval_parts(config)
+    }
 
   def train(self, start_step: int) -> Callable[[int], dict[str, jax.Array]]:
     batches = self._pipeline.train_batches(self._config, start_step=start_step)
@@ -44,16 +55,18 @@ class TfDataFeed:
 
     return next_input
 
-  def eval_batches(self) -> Iterator[dict[str, jax.Array]]:
-    split = self._config.data.eval_split
-    local = self._pipeline.numpy_batches(self._eval_dataset, self._config, split)
+  def eval_batches(self, part: str = "eval") -> Iterator[dict[str, jax.Array]]:
+    split = splits.part_split(self._config, part)
+    local = self._pipeline.numpy_batches(self._eval_datasets[part], self._config, split)
     return (sharding.global_batch(b, self._mesh) for b in local)
 
   def check_eval_split(self) -> None:
-    """Fails now on a bad test image (tfdata_undecodable.check_split), not at the first eval."""
+    """Fails now on a bad test (or validation) image (tfdata_undecodable.check_split), not at the
+    first eval."""
     from vitboot_jax.data import tfdata_undecodable
 
-    tfdata_undecodable.check_split(self._config, self._config.data.eval_split)
+    for part in eval_parts(self._config):
+      tfdata_undecodable.check_split(self._config, splits.part_split(self._config, part))
 
 
 class DeviceFeed:
@@ -71,8 +84,8 @@ class DeviceFeed:
     del start_step  # The step picks its own batch from state.step.
     return lambda n: self._dataset.train
 
-  def eval_batches(self) -> Iterator[dict[str, jax.Array]]:
-    return self._dataset.eval_batches()
+  def eval_batches(self, part: str = "eval") -> Iterator[dict[str, jax.Array]]:
+    return self._dataset.eval_batches(part)
 
   def check_eval_split(self) -> None:
     """Nothing left to check: loading decoded every image and checked its size."""

@@ -171,20 +171,19 @@ def read_images(paths: np.ndarray, threads: int | None = None, stored: int = 0) 
 
 
 def folder_arrays(
-  config: ml_collections.ConfigDict, split: str, subset: bool
+  config: ml_collections.ConfigDict, part: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(images uint8 [N, H, W, 3], labels int64 [N], index int64 [N]) of an image folder's split.
+  """(images uint8 [N, H, W, 3], labels int64 [N], index int64 [N]) of an image folder's `part`
+  (splits.PARTS: the training rows, the validation rows or the evaluation split).
 
   `index` is each example's position in the split's canonical order (what augmentation is keyed
-  by); with `subset`, only config.data.train_fraction's examples, in that order.
+  by), in that order.
   """
-  train_split = config.data.train_split
+  train_split, split = config.data.train_split, splits.part_split(config, part)
   classes = tuple(class_folders(config.data.dir, train_split, "train_split"))
-  field = splits.split_field(split, train_split)
+  field = splits.split_field(split, train_split, config.data.get("val_split", ""))
   paths, labels = list_folder(config.data.dir, split, field, classes)
-  index = np.arange(len(labels), dtype=np.int64)
-  if subset:
-    index = splits.subset_indices(labels, config.data.train_fraction)
+  index = splits.part_rows(config, part, labels, class_names=classes)
   stored = configlib.device_resize_from(config)
   return read_images(paths[index], stored=stored), labels[index], index
 

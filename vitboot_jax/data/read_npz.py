@@ -108,14 +108,14 @@ def write_npz(path: str, images: np.ndarray, labels: np.ndarray, **extra: np.nda
 
 
 def npz_arrays(
-  config: ml_collections.ConfigDict, split: str, subset: bool
+  config: ml_collections.ConfigDict, part: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(images uint8 [N, H, W, 3], labels int64 [N], index int64 [N]) of an .npz split; `index`
-  and `subset` as folders.folder_arrays'."""
+  """(images uint8 [N, H, W, 3], labels int64 [N], index int64 [N]) of an .npz `part`; `index`
+  and `part` as read_folders.folder_arrays'."""
+  split = splits.part_split(config, part)
   arrays = read_npz(config.data.dir, split, config.data.train_split)
   labels = arrays["labels"]
   splits.check_labels(labels, config.data.num_classes, npz_path(config.data.dir, split))
-  index = np.arange(len(labels), dtype=np.int64)
-  if subset:
-    index = splits.subset_indices(labels, config.data.train_fraction, arrays.get("file_names"))
+  names = tuple(str(n) for n in arrays.get("class_names", np.zeros([0], str)).tolist())
+  index = splits.part_rows(config, part, labels, arrays.get("file_names"), names)
   return arrays["images"][index], labels[index], index

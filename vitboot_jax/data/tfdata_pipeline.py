@@ -74,16 +74,22 @@ def split_labels(config: ml_collections.ConfigDict, split: str) -> np.ndarray:
 
 def dataset_info(config: ml_collections.ConfigDict) -> splits.DatasetInfo:
   source = tfdata_sources.open_source(config)
-  if config.data.train_fraction == 1.0:
-    num_train = source.count(config.data.train_split)
-  else:
-    num_train = len(tfdata_sources.train_subset(source, config))
+  num_split = source.count(config.data.train_split)
+  num_train = num_split
+  if splits.takes_rows(config):
+    num_train = len(tfdata_sources.part_rows(source, config, "train"))
+  val_split = splits.validation_split(config)
+  num_val = 0
+  if val_split is not None:
+    num_val = len(tfdata_sources.part_rows(source, config, "val"))
   return splits.DatasetInfo(
     num_train_examples=num_train,
     num_eval_examples=source.count(config.data.eval_split),
     num_classes=len(source.class_names),
     steps_per_epoch=splits.steps_per_epoch(config, num_train),
     class_names=source.class_names,
+    num_val_examples=num_val,
+    num_train_split=num_split,
   )
 
 
@@ -102,11 +108,11 @@ def train_dataset(
     raise ValueError(f"start_step={start_step} must be >= 0")
   source = tfdata_sources.open_source(config)
   split = config.data.train_split
-  if config.data.train_fraction == 1.0:
+  if not splits.takes_rows(config):
     num = source.count(split)
     base = source.examples(split)
   else:
-    keep = tfdata_sources.train_subset(source, config)
+    keep = tfdata_sources.part_rows(source, config, "train")
     num = len(keep)
     base = source.examples(split, keep)
   steps = splits.steps_per_epoch(config, num)
@@ -166,15 +172,20 @@ def train_batches(
 def eval_dataset(
   config: ml_collections.ConfigDict,
   *,
+  part: str = "eval",
   process_index: int | None = None,
   process_count: int | None = None,
 ) -> tf.data.Dataset:
-  """This process's share of the eval split, padded with masked examples (see eval_batches)."""
+  """This process's share of the eval split (or of the validation split, `part`="val"), padded
+  with masked examples (see eval_batches)."""
   p, num_p = _processes(process_index, process_count)
   local = _local_batch(config.data.eval_batch_size, num_p, "data.eval_batch_size")
   source = tfdata_sources.open_source(config)
-  split = config.data.eval_split
-  num = source.count(split)
+  split = splits.part_split(config, part)
+  rows = None  # The whole split, read by contiguous ranges.
+  if part == "val" and splits.holds_out(config):
+    rows = tfdata_sources.part_rows(source, config, part)
+  num = source.count(split) if rows is None else len(rows)
   start, stop = num * p // num_p, num * (p + 1) // num_p
   largest_share = -(-num // num_p)
   num_batches = max(1, -(-largest_share // local))
@@ -196,7 +207,10 @@ def eval_dataset(
   }
   padding_ds = tf.data.Dataset.from_tensors(padding).repeat()
   if stop > start:
-    ds = source.range_examples(split, start, stop)
+    if rows is None:
+      ds = source.range_examples(split, start, stop)
+    else:  # Held-out validation: its rows of the training split.
+      ds = source.examples(split, rows[start:stop])
     ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
     if config.data.cache:
       # Decoded images before the resize (CIFAR: 30 MB): an evaluation every epoch would
@@ -217,16 +231,17 @@ def eval_dataset(
 def eval_batches(
   config: ml_collections.ConfigDict,
   *,
+  part: str = "eval",
   process_index: int | None = None,
   process_count: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
   """{"image", "label", "mask"} batches of eval_batch_size // process_count; mask 0 = padding.
 
-  Every example of config.data.eval_split appears once across processes; every process yields
-  the same number of batches.
+  Every example of config.data.eval_split (`part`="val": of the validation split) appears once
+  across processes; every process yields the same number of batches.
   """
-  ds = eval_dataset(config, process_index=process_index, process_count=process_count)
-  return numpy_batches(ds, config, config.data.eval_split)
+  ds = eval_dataset(config, part=part, process_index=process_index, process_count=process_count)
+  return numpy_batches(ds, config, splits.part_split(config, part))
 
 
 def numpy_batches(

@@ -250,13 +250,13 @@ def open_source(config: ml_collections.ConfigDict) -> Source:
   return source
 
 
-def train_subset(source: Source, config: ml_collections.ConfigDict):
-  """The official subset of the training split, by file name where the source knows them (tfds
-  imagenet2012's file_name, cifar10's id), so tfds and an image folder of the same images select
-  the same ones."""
-  split = config.data.train_split
-  return splits.subset_indices(
-    source.labels(split), config.data.train_fraction, source.file_names(split)
+def part_rows(source: Source, config: ml_collections.ConfigDict, part: str = "train"):
+  """The rows of `part` (splits.part_rows: the training subset, the held-out validation) in its
+  split, by file name where the source knows them (tfds imagenet2012's file_name, cifar10's id),
+  so tfds and an image folder of the same images select the same ones."""
+  split = splits.part_split(config, part)
+  return splits.part_rows(
+    config, part, source.labels(split), source.file_names(split), source.class_names
   )
 
 
@@ -268,15 +268,15 @@ def tfds_record(config: ml_collections.ConfigDict) -> tuple[str, dict[str, int]]
 
 
 def decoded_arrays(
-  config: ml_collections.ConfigDict, split: str, *, subset: bool
+  config: ml_collections.ConfigDict, part: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(images uint8 [N, H, W, 3], labels, index) of a split, decoded by TensorFlow for the device
-  pipeline (tfds; read_folders.folder_arrays and read_npz.npz_arrays need none); `subset`: the train
-  subset."""
+  """(images uint8 [N, H, W, 3], labels, index) of `part` (splits.PARTS), decoded by TensorFlow
+  for the device pipeline (tfds; read_folders.folder_arrays and read_npz.npz_arrays need none)."""
   source = open_source(config)
+  split = splits.part_split(config, part)
   keep = None
-  if subset and config.data.train_fraction < 1.0:
-    keep = train_subset(source, config)
+  if part == "val" or (part == "train" and splits.takes_rows(config)):
+    keep = part_rows(source, config, part)
   ds = source.examples(split, keep).map(
     lambda ex: (source.fetch(ex["ref"]), ex["label"], ex["index"]),
     num_parallel_calls=AUTOTUNE,

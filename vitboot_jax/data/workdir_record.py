@@ -23,7 +23,8 @@ def data_fingerprint(config: ml_collections.ConfigDict, info: splits.DatasetInfo
   epoch.
   """
   name, train_split = config.data.name, config.data.train_split
-  split_names = list(dict.fromkeys((train_split, config.data.eval_split)))
+  val_split = splits.validation_split(config)
+  split_names = list(dict.fromkeys((train_split, config.data.eval_split, val_split or train_split)))
   record: dict[str, Any] = {"name": name}
   if name == "folder":
     classes = tuple(read_folders.class_folders(config.data.dir, train_split, "train_split"))
@@ -53,5 +54,15 @@ def data_fingerprint(config: ml_collections.ConfigDict, info: splits.DatasetInfo
     class_names=list(info.class_names),
     num_train_examples=info.num_train_examples,
     steps_per_epoch=info.steps_per_epoch,
+    summary=splits.describe(config, info),
   )
+  val_split = splits.validation_split(config)
+  if val_split is not None:
+    record["validation"] = {
+      "split": val_split,
+      "held_out": splits.holds_out(config),
+      "examples": info.num_val_examples,
+    }
+    if splits.holds_out(config):
+      record["validation"]["val_fraction"] = config.data.val_fraction
   return record

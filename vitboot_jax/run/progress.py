@@ -153,10 +153,12 @@ class Progress:
   def evaluated(self, step: int, eval_metrics: Mapping[str, float]) -> None:
     """Logs the evaluation's top-1 and remembers it for the following lines."""
     self.top1 = _by_model(eval_metrics, "eval/top1_")
+    val = _by_model(eval_metrics, "val/top1_")
     self._log(
-      "eval at step %d: top-1 %s (%s)",
+      "eval at step %d: top-1 %s%s (%s)",
       step,
       _percentages(self.top1),
+      f", validation {_percentages(val)}" if val else "",
       duration(self._eval_took),
     )
 
@@ -164,7 +166,9 @@ class Progress:
 def final_line(final: Mapping[str, float]) -> str:
   """What a finished run's final.json says: its last step and each model's top-1."""
   top1 = _percentages(_by_model(final, "top1_"))
-  return f"Final top-1 (step {final.get('step', '?')}): {top1 or 'none recorded'}."
+  val = _percentages(_by_model(final, "val_top1_"))
+  val = f" (validation {val})" if val else ""
+  return f"Final top-1 (step {final.get('step', '?')}): {top1 or 'none recorded'}{val}."
 
 
 def _percentages(by_model: Mapping[str, float], digits: int = 2) -> str:

@@ -189,7 +189,8 @@ def check(
 
 def _describe_data_change(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
   changes = []
-  for key in ("name", "version", "num_train_examples", "steps_per_epoch"):
+  # "validation": recorded only by runs with a validation split.
+  for key in ("name", "version", "num_train_examples", "steps_per_epoch", "validation"):
     if saved.get(key) != current.get(key):
       changes.append(f"{key.replace('_', ' ')} {saved.get(key)} -> {current.get(key)}")
   if saved.get("class_names") != current.get("class_names"):

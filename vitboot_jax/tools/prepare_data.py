@@ -85,8 +85,10 @@ def pack_npz(
   config.data.num_classes = len(class_names)
   paths = []
   for split in splits:
-    subset = split == splits[0] and train_fraction < 1.0
-    images, labels, index = device_pipeline.read_split(config, split, subset=subset)
+    config.data.eval_split = split  # Every split after the first is read whole.
+    images, labels, index = device_pipeline.read_split(
+      config, "train" if split == splits[0] else "eval"
+    )
     extra = {"class_names": np.asarray(class_names, str)}
     if file_names.get(split) is not None:
       extra["file_names"] = np.asarray(file_names[split], str)[index]

@@ -163,7 +163,7 @@ def eval_split_batches(config: ml_collections.ConfigDict) -> Iterator[dict[str, 
   """Host batches {"image", "label", "mask"} of config.data.eval_split, read by the run's own
   pipeline: with pipeline="device" as its training read it (no TensorFlow), else by tf.data."""
   if config.data.pipeline == "device":
-    images, labels, _ = device_pipeline.read_split(config, config.data.eval_split, subset=False)
+    images, labels, _ = device_pipeline.read_split(config, "eval")
     yield {"image": images, "label": labels, "mask": np.ones(len(labels), np.float32)}
     return
   from vitboot_jax.data import tfdata_pipeline  # tf.data: TensorFlow on the host.
