@@ -109,7 +109,7 @@ def folder(tmp_path_factory):
   root = tmp_path_factory.mktemp("val_folder")
   k = 0
   for split, n in PER_CLASS.items():
-    for c, name in enumerate(CLASSES):
+    for name in CLASSES:
       (root / split / name).mkdir(parents=True)
       for i in range(n):
         Image.fromarray(np.full([32, 32, 3], k, np.uint8)).save(root / split / name / f"{i}.png")
