@@ -327,3 +327,35 @@ def test_a_live_runs_torn_last_metrics_line_is_one_warning(tmp_path, caplog):
   dropped = [r for r in caplog.records if "unfinished last line" in r.getMessage()]
   assert len(dropped) == 2  # One per read.
   assert sweep_report.epoch_means(tmp_path / "none", sweep_report.RATIO) == []
+
+
+def test_the_baseline_table_chooses_on_validation_never_on_test(tmp_path):
+  """The winner is the best validation top-1 at the final epoch, the first in table order within
+  0.2 of it; the test split's numbers, which point elsewhere, play no part."""
+  table = sweep_tables.TABLES["baseline"]
+  assert "--config.data.val_split=held_out" in table.overrides
+  s = sweep_runs.settings(table, root=str(tmp_path), seeds=[0])
+  finals = {  # run -> (test top-1, validation top-1)
+    "base_official": (0.60, 0.50),
+    "base_hygiene": (0.58, 0.551),  # Within 0.2 of the best: fewer switches, so it wins.
+    "aug_medium": (0.70, 0.552),  # The best on validation.
+    "aug_deit": (0.75, 0.40),  # The best on test: must not matter.
+  }
+  for run, (test, val) in finals.items():
+    wd = tmp_path / f"{run}_seed0"
+    wd.mkdir()
+    final = {"epochs": 100, "train_seconds_this_run": 1.0, "top1_vit": test, "val_top1_vit": val}
+    (wd / "final.json").write_text(json.dumps(final))
+    evals = [{"epoch": e, "eval/top1_vit": test, "val/top1_vit": val * e / 100} for e in (5, 100)]
+    (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+  report = sweep_report.build_report(table, s)
+  pick = report["chosen"]
+  assert (pick["row"], pick["best_row"]) == ("base_hygiene", "aug_medium")
+  assert pick["rows_with_validation"] == 4 and pick["rows"] == len(table.rows)
+  by_name = {r["name"]: r for r in report["rows"]}
+  assert by_name["aug_medium"]["val_evaluations"][0][-1] == {"epoch": 100, "vit": 55.2}
+  text = sweep_report.table_markdown(report)
+  assert "| validation top-1 |" in text and "| 55.10 |" in text
+  assert "Chosen on validation, never on the test split: **base_hygiene** (55.10" in text
+  assert "so far: 4 of 7 rows have finished." in text
+  assert sweep_report.plot_validation(report, tmp_path) == tmp_path / "validation.png"

@@ -156,6 +156,8 @@ def main(argv):
     if table.compute:
       compute = sweep_report.plot_compute(report, root)
       report["compute_figure"] = str(compute) if compute else None
+    validation = sweep_report.plot_validation(report, root)
+    report["validation_figure"] = str(validation) if validation else None
     sweep_report.write_report(root, report)
     print(f"# Wrote {root / sweep_report.TABLE_MD} and {root / sweep_report.TABLE_JSON}")
   print(sweep_report.table_markdown(report))

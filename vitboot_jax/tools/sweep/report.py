@@ -26,6 +26,7 @@ TABLE_MD = "table.md"
 TABLE_JSON = "table.json"
 CURVES = "curves.png"
 COMPUTE = "compute.png"
+VALIDATION = "validation.png"
 
 
 def _read_json(path: epath.Path) -> dict[str, Any] | None:
@@ -68,13 +69,13 @@ def epoch_means(workdir: epath.Path, key: str, times: str | None = None) -> list
   return [statistics.fmean(sums[e]) for e in sorted(sums)]
 
 
-def evaluations(workdir: epath.Path) -> list[dict[str, float]]:
-  """Every evaluation of a run: its epoch and each model's top-1 (%), in order."""
+def evaluations(workdir: epath.Path, split: str = "eval") -> list[dict[str, float]]:
+  """Every evaluation of a run: its epoch and each model's top-1 (%), in order; on the test split
+  or (`split`="val") the validation split."""
   out = []
+  prefix = f"{split}/top1_"
   for record in files.read_jsonl(workdir / "metrics.jsonl"):
-    top1 = {
-      k.removeprefix("eval/top1_"): v for k, v in record.items() if k.startswith("eval/top1_")
-    }
+    top1 = {k.removeprefix(prefix): v for k, v in record.items() if k.startswith(prefix)}
     if top1:
       out.append({"epoch": record.get("epoch"), **{m: 100.0 * v for m, v in top1.items()}})
   return out
@@ -148,6 +149,11 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
         m: spread([100.0 * f[f"top1_{m}"] for f in finals.values() if f"top1_{m}" in f])
         for m in row.models
       },
+      # The validation split's, where the runs held one: what a choice among rows reads.
+      "val_top1": {
+        m: spread([100.0 * f[f"val_top1_{m}"] for f in finals.values() if f"val_top1_{m}" in f])
+        for m in row.models
+      },
       "commands": [shlex.join(command(table, s, row, seed)) for seed in s.seeds],
       # Per finished seed, the hint's gradient norm over the CE's on the ViT, mean per epoch.
       "hint_grad_ratio": {
@@ -164,6 +170,9 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
       "evaluations": {
         seed: evaluations(absolute(workdir(s, row, seed))) for seed in sorted(finals)
       },
+      "val_evaluations": {
+        seed: evaluations(absolute(workdir(s, row, seed)), "val") for seed in sorted(finals)
+      },
       "teacher": teacher_run(row),
       "codes": {seed: run_codes(absolute(workdir(s, row, seed))) for seed in sorted(finals)},
     }
@@ -179,6 +188,27 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
   if table.reference:
     against_reference(out, table.reference)
   return out
+
+
+def chosen(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+  """The row a table picks on validation (Table.choose_within), with the best one it was measured
+  against; None where the table chooses nothing or no row has a validation top-1 yet."""
+  if table.choose_within is None:
+    return None
+  scored = [(e["name"], e["val_top1"]["vit"]["mean"]) for e in entries if e["val_top1"].get("vit")]
+  if not scored:
+    return None
+  best = max(scored, key=lambda item: item[1])
+  winner = next(item for item in scored if item[1] >= best[1] - table.choose_within)
+  return {
+    "row": winner[0],
+    "val_top1": winner[1],
+    "best_row": best[0],
+    "best_val_top1": best[1],
+    "within": table.choose_within,
+    "rows_with_validation": len(scored),
+    "rows": len(table.rows),
+  }
 
 
 def add_compute(table: Table, s: Settings, entries: list[dict[str, Any]]) -> None:
@@ -247,6 +277,7 @@ def build_report(table: Table, s: Settings) -> dict[str, Any]:
     "train_seconds": train_seconds,
     "run_codes": codes,
     "rows": entries,
+    "chosen": chosen(table, entries),
     "curves": None,
   }
 
@@ -269,13 +300,18 @@ def table_markdown(report: dict[str, Any]) -> str:
       f"Paper top-1: {report['paper_source']} (vitboot_jax/tools/sweep/paper_results.py).",
       "",
     ]
+  validated = any(v for r in report["rows"] for v in r.get("val_top1", {}).values())
+  val_header = " validation top-1 |" if validated else ""
   lines += [
-    f"Ours: {epochs}, seeds {report['seeds']}; final-epoch top-1 (%) on the test set, "
-    "mean ± sample std [min, max] over the finished seeds. Training time: sum over seeds.",
+    f"Ours: {epochs}, seeds {report['seeds']}; final-epoch top-1 (%) on the test set"
+    + (" and on the validation split (held out of the training split)" if validated else "")
+    + ", mean ± sample std [min, max] over the finished seeds. Training time: sum over seeds.",
     "",
-    f"| row | model | {report['note_header']} |{paper_header} ours top-1 | status | seeds "
-    "| epochs | train time | config |",
-    "|---|---|---|---|---|---|---|---|---|" + ("---|" if paper_header else ""),
+    f"| row | model | {report['note_header']} |{paper_header} ours top-1 |{val_header} status "
+    "| seeds | epochs | train time | config |",
+    "|---|---|---|---|---|---|---|---|---|"
+    + ("---|" if paper_header else "")
+    + ("---|" if validated else ""),
   ]
   for r in report["rows"]:
     epochs = ", ".join(f"{e:.3g}" for e in r["epochs"]) + ("" if r["epochs_match"] else " (!)")
@@ -286,10 +322,27 @@ def table_markdown(report: dict[str, Any]) -> str:
       lines.append(
         f"| {r['name']} | {MODEL_LABELS[model]} | {r['note']} "
         + (f"| {'—' if paper is None else f'{paper:.2f}'} " if paper_header else "")
-        + f"| {_format_top1(r['top1'][model], len(report['seeds']))} | {r['status']} "
+        + f"| {_format_top1(r['top1'][model], len(report['seeds']))} "
+        + (
+          f"| {_format_top1(r['val_top1'].get(model), len(report['seeds']))} " if validated else ""
+        )
+        + f"| {r['status']} "
         f"| {','.join(map(str, r['seeds_done'])) or '—'} | {epochs or '—'} "
         f"| {duration if r['seeds_done'] else '—'} | `{config}` |"
       )
+  pick = report.get("chosen")
+  if pick:
+    lines += [
+      "",
+      f"Chosen on validation, never on the test split: **{pick['row']}** "
+      f"({pick['val_top1']:.2f}; the best is {pick['best_row']}, {pick['best_val_top1']:.2f}: of "
+      f"the rows within {pick['within']:g} point of the best, the first in table order)"
+      + (
+        "."
+        if pick["rows_with_validation"] == pick["rows"]
+        else f"; so far: {pick['rows_with_validation']} of {pick['rows']} rows have finished."
+      ),
+    ]
   lines += [
     "",
     f"Total training time {progress.duration(report['train_seconds'])}; table written at commit "
@@ -464,6 +517,44 @@ def plot_compute(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
   axes.grid(alpha=0.3)
   axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
   path = root / COMPUTE
+  figure.tight_layout()
+  figure.savefig(str(path), dpi=120)
+  plt.close(figure)
+  return path
+
+
+def plot_validation(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
+  """ROOT/validation.png: each row's ViT validation top-1 against epochs, the mean over its
+  finished seeds (what the table chooses on); None where no run held a validation split."""
+  curves = {}
+  for r in report["rows"]:
+    by_epoch: dict[float, list[float]] = {}
+    for evs in r.get("val_evaluations", {}).values():
+      for ev in evs:
+        if "vit" in ev:
+          by_epoch.setdefault(ev["epoch"], []).append(ev["vit"])
+    if by_epoch and "vit" in r["models"]:
+      curves[r["name"]] = sorted((e, statistics.fmean(v)) for e, v in by_epoch.items())
+  if not curves:
+    return None
+  try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+  except ModuleNotFoundError as error:
+    print(f"warning: no validation figure: {error}", file=sys.stderr)
+    return None
+  figure, axes = plt.subplots(figsize=(8, 5))
+  for n, (name, points) in enumerate(curves.items()):
+    epochs, top1 = zip(*points)
+    axes.plot(epochs, top1, color=f"C{n % 10}", ls="-:"[(n // 10) % 2], label=name)
+  axes.set_xlabel("epoch")
+  axes.set_ylabel("ViT validation top-1 (%), mean over seeds")
+  axes.set_title(report["title"], fontsize=9)
+  axes.grid(alpha=0.3)
+  axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+  path = root / VALIDATION
   figure.tight_layout()
   figure.savefig(str(path), dpi=120)
   plt.close(figure)
