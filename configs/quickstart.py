@@ -17,7 +17,12 @@ from vitboot_jax import configlib
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, mode="shared", epochs=5, **common.SWITCHES)
+  return from_args(common.parse_arg(arg, mode="shared", epochs=5, **common.SWITCHES))
+
+
+def from_args(arg):
+  """The quickstart's config from parsed args (mode, epochs and the switches): configs/
+  image_folder.py builds on it."""
   c = configlib.base_config()
   c.mode = arg.mode
   c.data.update(common.cifar10_32px())

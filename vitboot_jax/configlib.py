@@ -112,7 +112,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_split = "test"
   # Validation, which choices among runs read (never the test split): "" none; "held_out" the
   # last val_fraction of each class of the training split in the subset order (data/splits.py),
-  # left out of training; or the name of a split of its own (an image folder's "val").
+  # left out of training; the name of a split of its own (an image folder's "val"); or "auto":
+  # an image folder's "val" where it exists, else "held_out".
   c.data.val_split = ""
   c.data.val_fraction = 0.1
   c.data.num_classes = 0
@@ -308,7 +309,7 @@ def _validate_validation(data: ml_collections.ConfigDict) -> None:
   val_split = data.get("val_split", "")
   if not val_split:
     return
-  if val_split == "held_out":
+  if val_split in ("held_out", "auto"):  # "auto": run/startup.from_data settles it.
     if not 0.0 < data.val_fraction < 1.0:
       raise ConfigError(
         f"config.data.val_fraction={data.val_fraction} must be in (0, 1): the share of each "

@@ -45,6 +45,7 @@ def check(
   Raises:
     errors.UsageError: what the user must change, named with the fix.
   """
+  from_data(config)
   configlib.validate(config, num_devices=num_devices)
   final = workdir_rules.check(
     workdir, config, single_process=single_process, adopt_config=adopt_config
@@ -65,6 +66,35 @@ def check(
   if splits.uses_tensorflow(config):
     library_logs.import_tensorflow()  # Before JAX starts: TensorFlow must not take its GPUs.
   return None
+
+
+def from_data(config: ml_collections.ConfigDict) -> None:
+  """What a config for one's own data leaves to the data, settled before anything loads (and
+  recorded so in config.json): config.data.val_split="auto" becomes an image folder's "val"
+  where ROOT/val exists, else "held_out"; config.data.num_classes=0 becomes the count of the
+  image folder's class folders or of the .npz's classes."""
+  import os
+
+  from vitboot_jax.data import read_folders, read_npz
+
+  root, train_split = config.data.dir, config.data.train_split
+  if config.data.get("val_split", "") == "auto":
+    has_own = config.data.name == "folder" and root and os.path.isdir(os.path.join(root, "val"))
+    config.data.val_split = "val" if has_own else splits.HELD_OUT
+  if config.data.num_classes or config.data.name not in splits.ARRAY_SOURCES:
+    return
+  if not root:
+    raise errors.DataError(
+      f"config.data.dir is not set (config.data.name={config.data.name!r}); "
+      + read_folders.FOLDER_HINT.format(split=train_split)
+    )
+  if config.data.name == "folder":
+    config.data.num_classes = len(read_folders.class_folders(root, train_split, "train_split"))
+    return
+  arrays = read_npz.read_npz(root, train_split, train_split)
+  names = arrays.get("class_names")
+  labels = arrays["labels"]
+  config.data.num_classes = len(names) if names is not None else int(labels.max(initial=-1)) + 1
 
 
 def _check_tensorflow_installed(config: ml_collections.ConfigDict) -> None:
