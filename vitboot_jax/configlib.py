@@ -24,7 +24,7 @@ PROJECTORS = ("none", "linear")  # A learnable map of the ViT's tokens before th
 ALIGN_METHODS = ("pcgrad", "none")  # align.py
 ALIGN_GRANULARITIES = ("global", "per_leaf")  # align.py
 OPTIMIZERS = ("adamw", "sgd")  # optim.py
-SCHEDULES = ("cosine_epoch", "cosine_step", "constant")  # optim.py
+SCHEDULES = ("cosine_epoch", "cosine_step", "constant", "multistep")  # optim.py
 DRLOC_NORMALIZATIONS = ("none", "code", "paper")  # The DrLoc targets' scale (method/drloc.py).
 # Where batches are made: tf.data on the host, or gathered and augmented in the jitted step from
 # the dataset held on the devices (device_pipeline.py).
@@ -143,7 +143,8 @@ def base_config() -> ml_collections.ConfigDict:
   # (loss.distill_vit); evaluation averages the two heads.
   c.model.distill_token = False
 
-  # CNN baselines (mode "cnn"): "resnet50" | "efficientnet_b2".
+  # The CNN of mode "cnn": "resnet50" | "efficientnet_b2" (the paper's baselines, 224 px) |
+  # "resnet20" | "resnet32" | "resnet56" (He et al.'s CIFAR ResNets, 32 px).
   c.cnn = ml_collections.ConfigDict()
   c.cnn.name = ""
 
@@ -226,7 +227,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.b2 = 0.999
   c.optim.eps = 1e-8
   c.optim.momentum = 0.0  # SGD only; the official baselines use none.
-  c.optim.schedule = "cosine_epoch"  # "cosine_epoch" (official) | "cosine_step" | "constant"
+  # "cosine_epoch" (official) | "cosine_step" | "constant" | "multistep"
+  c.optim.schedule = "cosine_epoch"
+  # "multistep": the lr is multiplied by gamma at each milestone, a fraction of the steps after
+  # warmup (He et al. 2016's CIFAR ResNets: 0.5 and 0.75, gamma 0.1).
+  c.optim.milestones = (0.5, 0.75)
+  c.optim.gamma = 0.1
   c.optim.warmup_epochs = 0.0
   c.optim.clip_norm = 0.0  # 0 disables; the official mutual runs never clip in effect.
   return c
@@ -333,9 +339,31 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     )
   if num_devices is not None:
     check_devices(c, num_devices)
+  _validate_schedule(c)
   _validate_hint_variants(c)
   _validate_distillation(c)
   _validate_recipe(c)
+
+
+def _validate_schedule(c: ml_collections.ConfigDict) -> None:
+  """The multistep schedule's milestones (increasing fractions in (0, 1)) and gamma (in (0, 1])."""
+  if c.optim.schedule != "multistep":
+    return
+  milestones = tuple(c.optim.get("milestones", ()))
+  numbers = all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in milestones)
+  if (
+    not milestones
+    or not numbers
+    or not all(0.0 < m < 1.0 for m in milestones)
+    or any(a >= b for a, b in zip(milestones, milestones[1:]))
+  ):
+    raise ConfigError(
+      f"config.optim.milestones={milestones!r} must be increasing fractions of the steps in "
+      "(0, 1), e.g. (0.5, 0.75)"
+    )
+  gamma = c.optim.get("gamma", 0.1)
+  if not 0.0 < gamma <= 1.0:
+    raise ConfigError(f"config.optim.gamma={gamma} must be in (0, 1] (the lr's factor)")
 
 
 def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:

@@ -7,7 +7,8 @@ build the ViT with the standard scheme and rewrite its attention on the host in 
 Variables are `{"params": {"vit": ..., "agent": ..., "drloc_vit": ...}, "batch_stats":
 {"agent": ...}}` with only the models the mode trains. In shared mode the agent's apply reads
 `params["vit"]` directly, so gradients of the agent's loss land on the ViT's leaves without any
-copy. Mode "cnn" trains one CNN baseline (ResNet-50 or EfficientNet-B2) under the name "cnn".
+copy. Mode "cnn" trains one CNN (ResNet-50, EfficientNet-B2 or a CIFAR ResNet) under the name
+"cnn".
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import ml_collections
 import numpy as np
 from flax import linen as nn
 
-from vitboot_jax.models import attention_init, choices
+from vitboot_jax.models import attention_init, choices, cifar_resnet
 from vitboot_jax.models import drloc_head as drloc_lib
 from vitboot_jax.models.agent import Agent
 from vitboot_jax.models.drloc_head import DrLocSetting
@@ -35,7 +36,12 @@ from vitboot_jax.models.vit import ViT
 # fold_in of the init rng that seeds the attention initialisers on the host.
 _HOST_INIT_STREAM = 1
 
-CNN_BASELINES = {"resnet50": resnet50, "efficientnet_b2": efficientnet_b2}
+# The CNNs of mode "cnn": the paper's baselines and He et al.'s CIFAR ResNets.
+CNN_BASELINES = {
+  "resnet50": resnet50,
+  "efficientnet_b2": efficientnet_b2,
+  **{name: functools.partial(cifar_resnet.cifar_resnet, name) for name in cifar_resnet.DEPTHS},
+}
 
 
 # config.model fields the agent takes too: it is the ViT's shape with a convolutional stem.
@@ -86,7 +92,7 @@ def build_cnn(
 ) -> nn.Module:
   name = config.cnn.name
   # EfficientNet's convolutions stay flax's own (its depthwise ones are grouped).
-  extra = {"kernels": kernels} if name == "resnet50" else {}
+  extra = {} if name == "efficientnet_b2" else {"kernels": kernels}
   return CNN_BASELINES[name](config.data.num_classes, dtype=dtype, **extra)
 
 

@@ -8,7 +8,8 @@ INITS = ("official", "standard")  # agent.py, vit.py
 # applied by build.ModelSet.init_on_host).
 ATTENTION_INITS = ("mimetic", "impulse3", "impulse5")
 ATTENTIONS = ("softmax", "entmax")  # vit.py: entmax is the paper's Sparse ViT.
-CNNS = ("resnet50", "efficientnet_b2")  # build.py: the CNN baselines.
+# build.py: the paper's CNN baselines and He et al.'s CIFAR ResNets (cifar_resnet.py).
+CNNS = ("resnet50", "efficientnet_b2", "resnet20", "resnet32", "resnet56")
 DRLOC_VARIANTS = ("l1", "ce", "reg")  # drloc_head.py
 DRLOC_POOLS = ("auto", "always", "none")  # drloc_head.pool_grid
 KERNELS = ("auto", "xla", "cpu")  # kernel_sets.py
