@@ -144,7 +144,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.distill_token = False
 
   # The CNN of mode "cnn": "resnet50" | "efficientnet_b2" (the paper's baselines, 224 px) |
-  # "resnet20" | "resnet32" | "resnet56" (He et al.'s CIFAR ResNets, 32 px).
+  # "resnet20" | "resnet32" | "resnet56" (He et al.'s CIFAR ResNets, 32 px). Mode "joint": set, it
+  # takes the agent's place as the ViT's partner (a CNN teacher, teacher_cnn=NAME); "": the agent.
   c.cnn = ml_collections.ConfigDict()
   c.cnn.name = ""
 
@@ -189,6 +190,10 @@ def base_config() -> ml_collections.ConfigDict:
   )
   # > 0: the hint's gradient on the ViT is scaled down to at most this multiple of the CE's norm.
   c.loss.feature_balance = 0.0
+  # Which teacher feature map feeds which ViT layer, "t:l,t:l" (0-based; teacher maps resampled to
+  # the ViT's token grid, projected where the widths differ). "": the agent's layer l feeds layer l
+  # (official); a CNN teacher's stages feed evenly spaced layers (choices.spaced_pairs).
+  c.loss.hint_pairs = ""
 
   # Mixup (Zhang et al. 2018) and CutMix (Yun et al. 2019) of the batch with itself reversed, as
   # timm's Mixup in 'batch' mode: with probability `prob` a batch is mixed, by CutMix with
@@ -397,6 +402,7 @@ def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
     or loss.feature_layers > 0
     or loss.feature_projector != "none"
     or loss.feature_balance > 0
+    or bool(loss.get("hint_pairs", ""))
   )
   if hint_variant and (c.mode not in ("joint", "shared") or not loss.feature_vit):
     raise ConfigError(
@@ -408,10 +414,37 @@ def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
       "config.agent_frozen_eval (teacher_eval=1) runs a frozen agent in evaluation mode; set "
       "config.agent_frozen (frozen=1) too"
     )
+  _validate_teacher(c)
   if (c.agent_init_from or c.agent_frozen) and c.mode != "joint":
     raise ConfigError(
       f"config.agent_init_from / config.agent_frozen are joint-mode variants (the agent has its "
       f"own weights there); mode {c.mode!r} cannot use them"
+    )
+
+
+def _validate_teacher(c: ml_collections.ConfigDict) -> None:
+  """A CNN in the agent's place (joint) and the hint's pairs of teacher maps and ViT layers."""
+  if c.cnn.name and c.mode not in ("cnn", "joint"):
+    raise ConfigError(
+      f"config.cnn.name={c.cnn.name!r} names the CNN of mode cnn, or joint's teacher in the "
+      f"agent's place; mode {c.mode!r} trains no CNN: drop it"
+    )
+  spec = c.loss.get("hint_pairs", "")
+  if not spec:
+    return
+  try:
+    pairs = choices.parse_hint_pairs(spec)
+  except ValueError as error:
+    raise ConfigError(f"config.loss.hint_pairs={spec!r}: {error}") from None
+  stages = choices.CNN_STAGES[c.cnn.name] if c.cnn.name else c.model.depth
+  teacher = f"the {c.cnn.name}" if c.cnn.name else "the agent"
+  layers = [layer for _, layer in pairs]
+  bad = [f"{t}:{layer}" for t, layer in pairs if t >= stages or layer >= c.model.depth]
+  if bad or len(set(layers)) != len(layers) or c.loss.feature_layers:
+    raise ConfigError(
+      f"config.loss.hint_pairs={spec!r}: each pair is TEACHER:LAYER with {teacher}'s maps "
+      f"0..{stages - 1} and the ViT's layers 0..{c.model.depth - 1}, each layer at most once, "
+      f"and config.loss.feature_layers left at 0{f'; not {bad[0]}' if bad else ''}"
     )
 
 
