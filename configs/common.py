@@ -59,6 +59,7 @@ SWITCHES = dict(
   until=1.0,
   gate=0.0,
   teacher="",
+  teacher_cnn="",
   frozen=False,
   teacher_eval=False,
   # DeiT's hard distillation from the agent (the "Can the agent help?" study).
@@ -127,10 +128,12 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   projector=linear (a learnable linear map of the ViT's tokens before the loss, FitNets), balance=C
   (the hint's gradient on the ViT at most C times the CE's), until=F (the hint during the first
   fraction F of the steps only), gate=A (the hint off until the agent's running train top-1 reaches
-  A), teacher=PATH (joint: the agent starts from a run of ours) and frozen=1 (joint: the agent's
-  weights never change; its BatchNorm runs in training mode and its running statistics move,
-  unless teacher_eval=1: it then predicts in evaluation mode, without dropout, from its running
-  statistics).
+  A), teacher=PATH (joint: the agent starts from a run of ours), teacher_cnn=NAME (joint: a CNN of
+  models/choices.CNNS in the agent's place, read by teacher= from a mode=cnn run of it; the hint
+  pairs its stages with ViT layers, --config.loss.hint_pairs=T:L,T:L or evenly spaced) and frozen=1
+  (joint: the agent's weights never change; its BatchNorm runs in training mode and its running
+  statistics move, unless teacher_eval=1: it then predicts in evaluation mode, without dropout,
+  from its running statistics).
   distill=hard (joint; DeiT, Touvron et al. 2021): a distillation token after cls whose own head
   learns the agent's argmax, the ViT's loss 1/2 CE + 1/2 CE(distillation head, agent argmax) as
   DeiT's, evaluation the mean of the two heads' logits.
@@ -154,6 +157,8 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   c.loss.feature_until = arg.until
   c.loss.feature_gate = arg.gate
   c.agent_init_from = arg.teacher
+  if arg.teacher_cnn:
+    c.cnn.name = arg.teacher_cnn
   c.agent_frozen = arg.frozen
   c.agent_frozen_eval = arg.teacher_eval
   if arg.distill not in ("none", "hard"):

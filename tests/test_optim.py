@@ -65,6 +65,37 @@ def test_cosine_epoch_with_warmup_and_constant():
     optim.lr_schedule(optim_cfg(warmup_epochs=6.0), spe, epochs)
 
 
+def test_multistep_divides_the_lr_at_its_milestones():
+  spe, epochs, lr = 10, 8, 0.1
+  sched = optim.lr_schedule(optim_cfg(lr=lr, schedule="multistep"), spe, epochs)
+  lrs = np.array([float(jax.jit(sched)(jnp.int32(s))) for s in range(spe * epochs)])
+  # He et al.: lr / 10 at 50% and 75% of the steps (here 40 and 60 of 80).
+  np.testing.assert_allclose(lrs[:40], lr, rtol=1e-6)
+  np.testing.assert_allclose(lrs[40:60], lr * 0.1, rtol=1e-6)
+  np.testing.assert_allclose(lrs[60:], lr * 0.01, rtol=1e-6)
+  # After a warmup the milestones are fractions of the remaining steps.
+  cfg = optim_cfg(lr=1.0, schedule="multistep", milestones=(0.5,), gamma=0.5, warmup_epochs=2.0)
+  warm = optim.lr_schedule(cfg, spe, epochs)
+  assert [float(warm(s)) for s in (19, 20, 49, 50)] == pytest.approx([1.0, 1.0, 1.0, 0.5])
+
+
+@pytest.mark.parametrize(
+  "field, value, message",
+  [
+    ("milestones", (0.75, 0.5), "must be increasing fractions"),
+    ("milestones", (0.5, 1.0), "must be increasing fractions"),
+    ("milestones", (), "must be increasing fractions"),
+    ("gamma", 0.0, "config.optim.gamma=0.0 must be in"),
+  ],
+)
+def test_a_bad_multistep_schedule_is_refused(field, value, message):
+  config = load_config("quickstart")
+  config.optim.schedule = "multistep"
+  config.optim[field] = value
+  with pytest.raises(ConfigError, match=message):
+    configlib.validate(config)
+
+
 def vit_like_params():
   rng = np.random.default_rng(0)
   r = lambda *s: jnp.asarray(rng.normal(size=s) + 2.0, jnp.float32)

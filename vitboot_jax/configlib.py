@@ -24,7 +24,7 @@ PROJECTORS = ("none", "linear")  # A learnable map of the ViT's tokens before th
 ALIGN_METHODS = ("pcgrad", "none")  # align.py
 ALIGN_GRANULARITIES = ("global", "per_leaf")  # align.py
 OPTIMIZERS = ("adamw", "sgd")  # optim.py
-SCHEDULES = ("cosine_epoch", "cosine_step", "constant")  # optim.py
+SCHEDULES = ("cosine_epoch", "cosine_step", "constant", "multistep")  # optim.py
 DRLOC_NORMALIZATIONS = ("none", "code", "paper")  # The DrLoc targets' scale (method/drloc.py).
 # Where batches are made: tf.data on the host, or gathered and augmented in the jitted step from
 # the dataset held on the devices (device_pipeline.py).
@@ -149,7 +149,9 @@ def base_config() -> ml_collections.ConfigDict:
   # (loss.distill_vit); evaluation averages the two heads.
   c.model.distill_token = False
 
-  # CNN baselines (mode "cnn"): "resnet50" | "efficientnet_b2".
+  # The CNN of mode "cnn": "resnet50" | "efficientnet_b2" (the paper's baselines, 224 px) |
+  # "resnet20" | "resnet32" | "resnet56" (He et al.'s CIFAR ResNets, 32 px). Mode "joint": set, it
+  # takes the agent's place as the ViT's partner (a CNN teacher, teacher_cnn=NAME); "": the agent.
   c.cnn = ml_collections.ConfigDict()
   c.cnn.name = ""
 
@@ -194,6 +196,10 @@ def base_config() -> ml_collections.ConfigDict:
   )
   # > 0: the hint's gradient on the ViT is scaled down to at most this multiple of the CE's norm.
   c.loss.feature_balance = 0.0
+  # Which teacher feature map feeds which ViT layer, "t:l,t:l" (0-based; teacher maps resampled to
+  # the ViT's token grid, projected where the widths differ). "": the agent's layer l feeds layer l
+  # (official); a CNN teacher's stages feed evenly spaced layers (choices.spaced_pairs).
+  c.loss.hint_pairs = ""
 
   # Mixup (Zhang et al. 2018) and CutMix (Yun et al. 2019) of the batch with itself reversed, as
   # timm's Mixup in 'batch' mode: with probability `prob` a batch is mixed, by CutMix with
@@ -232,7 +238,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.b2 = 0.999
   c.optim.eps = 1e-8
   c.optim.momentum = 0.0  # SGD only; the official baselines use none.
-  c.optim.schedule = "cosine_epoch"  # "cosine_epoch" (official) | "cosine_step" | "constant"
+  # "cosine_epoch" (official) | "cosine_step" | "constant" | "multistep"
+  c.optim.schedule = "cosine_epoch"
+  # "multistep": the lr is multiplied by gamma at each milestone, a fraction of the steps after
+  # warmup (He et al. 2016's CIFAR ResNets: 0.5 and 0.75, gamma 0.1).
+  c.optim.milestones = (0.5, 0.75)
+  c.optim.gamma = 0.1
   c.optim.warmup_epochs = 0.0
   c.optim.clip_norm = 0.0  # 0 disables; the official mutual runs never clip in effect.
   return c
@@ -364,9 +375,31 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     )
   if num_devices is not None:
     check_devices(c, num_devices)
+  _validate_schedule(c)
   _validate_hint_variants(c)
   _validate_distillation(c)
   _validate_recipe(c)
+
+
+def _validate_schedule(c: ml_collections.ConfigDict) -> None:
+  """The multistep schedule's milestones (increasing fractions in (0, 1)) and gamma (in (0, 1])."""
+  if c.optim.schedule != "multistep":
+    return
+  milestones = tuple(c.optim.get("milestones", ()))
+  numbers = all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in milestones)
+  if (
+    not milestones
+    or not numbers
+    or not all(0.0 < m < 1.0 for m in milestones)
+    or any(a >= b for a, b in zip(milestones, milestones[1:]))
+  ):
+    raise ConfigError(
+      f"config.optim.milestones={milestones!r} must be increasing fractions of the steps in "
+      "(0, 1), e.g. (0.5, 0.75)"
+    )
+  gamma = c.optim.get("gamma", 0.1)
+  if not 0.0 < gamma <= 1.0:
+    raise ConfigError(f"config.optim.gamma={gamma} must be in (0, 1] (the lr's factor)")
 
 
 def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
@@ -400,6 +433,7 @@ def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
     or loss.feature_layers > 0
     or loss.feature_projector != "none"
     or loss.feature_balance > 0
+    or bool(loss.get("hint_pairs", ""))
   )
   if hint_variant and (c.mode not in ("joint", "shared") or not loss.feature_vit):
     raise ConfigError(
@@ -411,10 +445,37 @@ def _validate_hint_variants(c: ml_collections.ConfigDict) -> None:
       "config.agent_frozen_eval (teacher_eval=1) runs a frozen agent in evaluation mode; set "
       "config.agent_frozen (frozen=1) too"
     )
+  _validate_teacher(c)
   if (c.agent_init_from or c.agent_frozen) and c.mode != "joint":
     raise ConfigError(
       f"config.agent_init_from / config.agent_frozen are joint-mode variants (the agent has its "
       f"own weights there); mode {c.mode!r} cannot use them"
+    )
+
+
+def _validate_teacher(c: ml_collections.ConfigDict) -> None:
+  """A CNN in the agent's place (joint) and the hint's pairs of teacher maps and ViT layers."""
+  if c.cnn.name and c.mode not in ("cnn", "joint"):
+    raise ConfigError(
+      f"config.cnn.name={c.cnn.name!r} names the CNN of mode cnn, or joint's teacher in the "
+      f"agent's place; mode {c.mode!r} trains no CNN: drop it"
+    )
+  spec = c.loss.get("hint_pairs", "")
+  if not spec:
+    return
+  try:
+    pairs = choices.parse_hint_pairs(spec)
+  except ValueError as error:
+    raise ConfigError(f"config.loss.hint_pairs={spec!r}: {error}") from None
+  stages = choices.CNN_STAGES[c.cnn.name] if c.cnn.name else c.model.depth
+  teacher = f"the {c.cnn.name}" if c.cnn.name else "the agent"
+  layers = [layer for _, layer in pairs]
+  bad = [f"{t}:{layer}" for t, layer in pairs if t >= stages or layer >= c.model.depth]
+  if bad or len(set(layers)) != len(layers) or c.loss.feature_layers:
+    raise ConfigError(
+      f"config.loss.hint_pairs={spec!r}: each pair is TEACHER:LAYER with {teacher}'s maps "
+      f"0..{stages - 1} and the ViT's layers 0..{c.model.depth - 1}, each layer at most once, "
+      f"and config.loss.feature_layers left at 0{f'; not {bad[0]}' if bad else ''}"
     )
 
 

@@ -9,7 +9,8 @@ models/pretrained.py.
 
 `config.agent_init_from` (a joint-mode variant of the mechanism study) starts the agent from a run
 of ours the same way: its parameters and BatchNorm statistics, which must match the config's agent
-exactly (same shapes: a run of the same agent recipe, e.g. mode agent).
+exactly (same shapes: a run of the same agent recipe, e.g. mode agent); with config.cnn.name, the
+CNN in the agent's place from a mode-cnn run of that CNN (a CNN teacher).
 
 Only a fresh run imports: a workdir that holds a checkpoint resumes from it instead.
 """
@@ -128,15 +129,17 @@ def read_orbax_vit(path: str) -> dict[str, Any]:
   return read["params"]
 
 
-def read_orbax_agent(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The agent's (params, batch_stats) (numpy) of our newest complete checkpoint under `path`."""
-  modes = ("vit or cnn", "agent or joint")
+def read_orbax_agent(path: str, name: str = "agent") -> tuple[dict[str, Any], dict[str, Any]]:
+  """The agent's (params, batch_stats) (numpy) of our newest complete checkpoint under `path`;
+  `name` "cnn": the CNN of a mode-cnn run instead (a CNN teacher)."""
+  modes = ("vit or cnn", "agent or joint") if name == "agent" else ("vit, agent or joint", "cnn")
+  label = "agent" if name == "agent" else "CNN"
   collections = ("params", "batch_stats")
   flag = "config.agent_init_from"
   step_dir, read = _read_orbax_model(
-    path, "agent", "agent", modes, collections, flag=flag, what=f"{flag}: "
+    path, name, label, modes, collections, flag=flag, what=f"{flag}: "
   )
-  logging.info("agent_init_from: read the agent of checkpoint %s", step_dir)
+  logging.info("agent_init_from: read the %s of checkpoint %s", label, step_dir)
   return read["params"], read["batch_stats"]
 
 
@@ -161,9 +164,10 @@ def initialise_agent(
   state_sharding: TrainState,
 ) -> TrainState:
   """`state` (fresh, joint) with its agent read from `config.agent_init_from` and a fresh
-  optimizer state."""
+  optimizer state. With config.cnn.name the agent's place holds that CNN, read from a mode-cnn
+  run."""
   path = config.agent_init_from
-  params, stats = read_orbax_agent(path)
+  params, stats = read_orbax_agent(path, "cnn" if config.cnn.get("name") else "agent")
   fresh_params = jax.device_get(state.params["agent"])
   fresh_stats = jax.device_get(state.batch_stats.get("agent", {}))
   _same_shapes("params", path, params, fresh_params)

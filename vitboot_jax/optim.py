@@ -27,7 +27,9 @@ def lr_schedule(optim_cfg: Any, steps_per_epoch: int, num_epochs: int) -> optax.
 
   "cosine_epoch" (official CosineAnnealingLR stepped per epoch): lr * (1 + cos(pi e / E)) / 2 with
   e = floor(step / steps_per_epoch), constant inside an epoch. "cosine_step": the same curve per
-  step, reaching 0 after the last step. "constant": lr. Any schedule is preceded by a linear warmup
+  step, reaching 0 after the last step. "constant": lr. "multistep" (torch's MultiStepLR, as He et
+  al. 2016's CIFAR ResNets): lr times gamma at each of the milestones, fractions of the steps (He
+  et al.: 0.5 and 0.75, 32k and 48k of 64k iterations). Any schedule is preceded by a linear warmup
   of warmup_epochs * steps_per_epoch steps when that is positive (the decay then runs over the
   remaining steps); warmup starts at lr / warmup_steps rather than 0 so no step is wasted.
   """
@@ -47,11 +49,17 @@ def lr_schedule(optim_cfg: Any, steps_per_epoch: int, num_epochs: int) -> optax.
     )
   decay_steps = total_steps - warmup_steps
   decay_epochs = decay_steps / steps_per_epoch
+  # Steps after warmup at which "multistep" multiplies the lr by gamma.
+  boundaries = [int(round(float(f) * decay_steps)) for f in optim_cfg.get("milestones", ())]
+  gamma = float(optim_cfg.get("gamma", 0.1))
 
   def decay_factor(t: jax.Array) -> jax.Array:
     """Decay in [0, 1] as a function of the integer step `t` counted from the end of warmup."""
     if name == "constant":
       return jnp.ones((), jnp.float32)
+    if name == "multistep":
+      passed = sum((t >= b).astype(jnp.float32) for b in boundaries)
+      return jnp.power(jnp.float32(gamma), passed)
     if name == "cosine_epoch":
       # Integer division: exact epoch boundaries for any step count.
       progress = (t // steps_per_epoch).astype(jnp.float32) / decay_epochs

@@ -179,34 +179,55 @@ def feature_loss(
   return jnp.mean(1.0 - _position_correlation(vit, agent, ln_eps))
 
 
+def resample_to_grid(x: jax.Array, grid: tuple[int, int]) -> jax.Array:
+  """A teacher's map [B, h, w, C] on the ViT's token grid: average-pooled by integer factors
+  (what pool2d does), else resized bilinearly (a smaller map, or a factor that does not divide)."""
+  b, h, w, c = x.shape
+  ho, wo = grid
+  if (h, w) == (ho, wo):
+    return x
+  if h % ho == 0 and w % wo == 0:
+    return x.reshape(b, ho, h // ho, wo, w // wo, c).mean(axis=(2, 4))
+  return jax.image.resize(x, (b, ho, wo, c), method="linear", antialias=True)
+
+
 def feature_losses(
   vit_features: Sequence[jax.Array],
   agent_features: Sequence[jax.Array],
   *,
   last: int = 0,
   projectors: dict[str, dict[str, jax.Array]] | None = None,
+  pairs: Sequence[tuple[int, int]] | None = None,
   **kwargs,
 ) -> tuple[jax.Array, dict[int, jax.Array]]:
   """Sums `feature_loss` over index-paired layers (l with l), as the official code (not a mean).
 
   Variants (off by default): `last` k > 0 pairs only the last k layers; `projectors`
   ({"layer_<l>": {"kernel", "bias"}}) maps layer l's ViT tokens linearly before the loss (FitNets'
-  regressor; the official code has none).
+  regressor; the official code has none), to the teacher's width where that differs; `pairs`
+  ((t, l), ...) lets teacher map t feed ViT layer l instead of the index pairing, each map first
+  resampled to the ViT's token grid (a CNN teacher's stages, config.loss.hint_pairs).
 
-  Returns the total and the per-layer values by layer index (for logging).
+  Returns the total and the per-layer values by (ViT) layer index (for logging).
   """
-  if len(vit_features) != len(agent_features):
-    raise ValueError(
-      f"feature_losses: {len(vit_features)} ViT layers but {len(agent_features)} agent layers; "
-      "layers are paired by index"
-    )
+  if pairs is None:
+    if len(vit_features) != len(agent_features):
+      raise ValueError(
+        f"feature_losses: {len(vit_features)} ViT layers but {len(agent_features)} agent layers; "
+        "layers are paired by index"
+      )
+    pairs = [(layer, layer) for layer in hinted_layers(len(vit_features), last)]
+    teacher_maps = agent_features
+  else:
+    side = math.isqrt(vit_features[0].shape[1] - 1)  # The tokens after cls form a square grid.
+    teacher_maps = {t: resample_to_grid(agent_features[t], (side, side)) for t, _ in pairs}
   per_layer = {}
-  for layer in hinted_layers(len(vit_features), last):
+  for teacher, layer in pairs:
     vit = vit_features[layer]
-    if projectors is not None:
+    if projectors is not None and f"layer_{layer}" in projectors:
       p = projectors[f"layer_{layer}"]
       vit = vit.astype(jnp.float32) @ p["kernel"] + p["bias"]
-    per_layer[layer] = feature_loss(vit, agent_features[layer], **kwargs)
+    per_layer[layer] = feature_loss(vit, teacher_maps[teacher], **kwargs)
   total = sum(per_layer.values(), jnp.zeros((), jnp.float32))
   return total, per_layer
 

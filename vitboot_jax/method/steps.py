@@ -64,6 +64,7 @@ def model_loss(
   projectors: dict[str, Any] | None = None,
   parts: tuple[str, ...] = PARTS,
   targets: jax.Array | None = None,
+  pairs: tuple[tuple[int, int], ...] | None = None,
 ) -> tuple[jax.Array, Metrics]:
   """The weighted loss of model `name` ("vit", "agent" or "cnn") and its terms.
 
@@ -77,6 +78,8 @@ def model_loss(
   term's share, for gradients split by term). `targets` (the field's recipe: smoothed or mixed
   labels, data/recipe_augment.py) replace the labels in the CE; the KD, distillation and hint
   terms read the partner's outputs on the same (mixed) images, and top-1 stays the labels'.
+  `pairs`: which partner map feeds which ViT layer (ModelSet.hint_pairs; None: by index). The
+  partner "agent" may be a CNN teacher (models/build.py); its maps are then its stages.
   """
   w = config.loss
   other = {"vit": "agent", "agent": "vit"}.get(name)  # CNN baselines have no partner.
@@ -103,6 +106,7 @@ def model_loss(
       adapt=w.adapt,
       last=w.get("feature_layers", 0),
       projectors=projectors,
+      pairs=pairs,
     )
     terms["feature"] = feature
     terms.update({f"feature_{layer}": value for layer, value in per_layer.items()})
@@ -175,6 +179,7 @@ def model_gradients(
         projectors=loss_params.get(f"hint_{name}"),
         parts=parts,
         targets=targets,
+        pairs=models.hint_pairs,
       )
 
     (loss, model_terms), (cotangent, loss_params_grad) = jax.value_and_grad(

@@ -7,7 +7,8 @@ build the ViT with the standard scheme and rewrite its attention on the host in 
 Variables are `{"params": {"vit": ..., "agent": ..., "drloc_vit": ...}, "batch_stats":
 {"agent": ...}}` with only the models the mode trains. In shared mode the agent's apply reads
 `params["vit"]` directly, so gradients of the agent's loss land on the ViT's leaves without any
-copy. Mode "cnn" trains one CNN baseline (ResNet-50 or EfficientNet-B2) under the name "cnn".
+copy. Mode "cnn" trains one CNN (ResNet-50, EfficientNet-B2 or a CIFAR ResNet) under the name
+"cnn".
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import ml_collections
 import numpy as np
 from flax import linen as nn
 
-from vitboot_jax.models import attention_init, choices
+from vitboot_jax.models import attention_init, choices, cifar_resnet
 from vitboot_jax.models import drloc_head as drloc_lib
 from vitboot_jax.models.agent import Agent
 from vitboot_jax.models.drloc_head import DrLocSetting
@@ -35,7 +36,12 @@ from vitboot_jax.models.vit import ViT
 # fold_in of the init rng that seeds the attention initialisers on the host.
 _HOST_INIT_STREAM = 1
 
-CNN_BASELINES = {"resnet50": resnet50, "efficientnet_b2": efficientnet_b2}
+# The CNNs of mode "cnn": the paper's baselines and He et al.'s CIFAR ResNets.
+CNN_BASELINES = {
+  "resnet50": resnet50,
+  "efficientnet_b2": efficientnet_b2,
+  **{name: functools.partial(cifar_resnet.cifar_resnet, name) for name in cifar_resnet.DEPTHS},
+}
 
 
 # config.model fields the agent takes too: it is the ViT's shape with a convolutional stem.
@@ -86,7 +92,7 @@ def build_cnn(
 ) -> nn.Module:
   name = config.cnn.name
   # EfficientNet's convolutions stay flax's own (its depthwise ones are grouped).
-  extra = {"kernels": kernels} if name == "resnet50" else {}
+  extra = {} if name == "efficientnet_b2" else {"kernels": kernels}
   return CNN_BASELINES[name](config.data.num_classes, dtype=dtype, **extra)
 
 
@@ -101,8 +107,12 @@ class ModelSet:
   # (vit_params, rng) -> vit_params: config.model.init's attention initialiser, or None.
   attention_init: Callable[[dict[str, Any], jax.Array], dict[str, Any]] | None = None
   # ViT layers whose tokens a learnable linear map takes before the hint (a variant; none: the
-  # official recipe), params["hint_vit"]["layer_<l>"], initialised to the identity.
-  hint_projectors: tuple[int, ...] = ()
+  # official recipe), params["hint_vit"]["layer_<l>"]: {layer: the teacher map's width}, the map
+  # initialised to the identity where that is the ViT's width, else Lecun-normal (FitNets).
+  hint_projectors: dict[int, int] = dataclasses.field(default_factory=dict)
+  # ((teacher map, ViT layer), ...) the hint pairs (losses.feature_losses), or None: the agent's
+  # layer l with the ViT's layer l (official).
+  hint_pairs: tuple[tuple[int, int], ...] | None = None
 
   @property
   def names(self) -> tuple[str, ...]:
@@ -148,12 +158,15 @@ class ModelSet:
       )
     if self.hint_projectors:
       width = self.modules["vit"].embed_dim
+      keys = jax.random.split(jax.random.fold_in(rng, 2), len(self.hint_projectors))
       params["hint_vit"] = {
         f"layer_{layer}": {
-          "kernel": jnp.eye(width, dtype=jnp.float32),
-          "bias": jnp.zeros((width,), jnp.float32),
+          "kernel": jnp.eye(width, dtype=jnp.float32)
+          if out == width
+          else nn.initializers.lecun_normal()(key, (width, out), jnp.float32),
+          "bias": jnp.zeros((out,), jnp.float32),
         }
-        for layer in self.hint_projectors
+        for key, (layer, out) in zip(keys, self.hint_projectors.items())
       }
     return {"params": params, "batch_stats": batch_stats}
 
@@ -242,6 +255,7 @@ def _feature_shape(mode, modules, name, images, layer) -> tuple[int, int, int]:
 
 def build_models(config: ml_collections.ConfigDict, kernels: Kernels) -> ModelSet:
   """The models of `config.mode`: vit, agent, both (joint: independent; shared: tied), or cnn.
+  In joint mode config.cnn.name, when set, puts that CNN in the agent's place (a CNN teacher).
 
   `kernels` is the set the steps run with, chosen by the caller (kernel_sets.for_config reads
   config.kernels). The config is taken as valid (configlib.validate, called by the entry points).
@@ -251,7 +265,9 @@ def build_models(config: ml_collections.ConfigDict, kernels: Kernels) -> ModelSe
   modules: dict[str, nn.Module] = {}
   if mode in ("vit", "joint", "shared"):
     modules["vit"] = build_vit(config, dtype, kernels)
-  if mode in ("agent", "joint", "shared"):
+  if mode == "joint" and config.cnn.get("name"):  # A CNN teacher in the agent's place.
+    modules["agent"] = build_cnn(config, dtype, kernels)
+  elif mode in ("agent", "joint", "shared"):
     modules["agent"] = build_agent(config, shared=mode == "shared", dtype=dtype, kernels=kernels)
   if mode == "cnn":
     modules["cnn"] = build_cnn(config, dtype, kernels)
@@ -263,9 +279,9 @@ def build_models(config: ml_collections.ConfigDict, kernels: Kernels) -> ModelSe
       num_heads=config.model.num_heads,
       grid=config.image_size // config.model.patch_size,
     )
-  projectors = ()
-  if "vit" in modules and "agent" in modules and config.loss.get("feature_projector") == "linear":
-    projectors = choices.hinted_layers(config.model.depth, config.loss.get("feature_layers", 0))
+  projectors, pairs = {}, None
+  if "vit" in modules and "agent" in modules:
+    projectors, pairs = _hint_layout(config, modules)
   return ModelSet(
     mode=mode,
     modules=modules,
@@ -273,4 +289,35 @@ def build_models(config: ml_collections.ConfigDict, kernels: Kernels) -> ModelSe
     kernels=kernels,
     attention_init=host_init,
     hint_projectors=projectors,
+    hint_pairs=pairs,
   )
+
+
+def _hint_layout(
+  config: ml_collections.ConfigDict, modules: dict[str, nn.Module]
+) -> tuple[dict[int, int], tuple[tuple[int, int], ...] | None]:
+  """The ViT's hint projectors ({layer: width}) and the hint's pairs (None: by index, official).
+
+  The agent's maps have the ViT's width; a CNN teacher's stages are projected to where they
+  differ, and its pairs default to its stages with evenly spaced ViT layers.
+  """
+  linear = config.loss.get("feature_projector") == "linear"
+  spec = config.loss.get("hint_pairs", "")
+  cnn = config.cnn.get("name", "")
+  if not spec and not cnn:
+    layers = choices.hinted_layers(config.model.depth, config.loss.get("feature_layers", 0))
+    return ({layer: config.model.embed_dim for layer in layers} if linear else {}), None
+  if spec:
+    pairs = choices.parse_hint_pairs(spec)
+  else:
+    pairs = choices.spaced_pairs(choices.CNN_STAGES[cnn], config.model.depth)
+  widths = [config.model.embed_dim] * config.model.depth  # The agent's maps: the ViT's width.
+  if cnn:
+    images = jax.ShapeDtypeStruct((1, config.image_size, config.image_size, 3), jnp.float32)
+    variables = jax.eval_shape(modules["agent"].init, jax.random.key(0), images)
+    _, out = jax.eval_shape(modules["agent"].apply, variables, images)
+    widths = [f.shape[-1] for f in out["features"]]
+  projectors = {
+    layer: widths[t] for t, layer in pairs if linear or widths[t] != config.model.embed_dim
+  }
+  return projectors, pairs

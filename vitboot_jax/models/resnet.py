@@ -10,7 +10,7 @@ at PyTorch's default U(+-1/sqrt(fan_in)) for weight and bias.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -23,6 +23,43 @@ from vitboot_jax.models.kernels import XLA, Kernels
 # torch.nn.init.kaiming_normal_(mode="fan_out", nonlinearity="relu"): N(0, 2 / (k*k*out)),
 # untruncated. Flax's HWIO kernel gives fan_out = k*k*out as PyTorch does.
 kaiming_normal_fan_out = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+
+def conv_and_norm(
+  *, train: bool, dtype: Any, kernels: Kernels, bn_momentum: float, bn_eps: float
+) -> tuple[Callable[..., nn.Conv], Callable[..., nn.BatchNorm]]:
+  """The layers every ResNet here is built from: a bias-free, Kaiming-initialised convolution
+  through the injected kernels, and a BatchNorm in training or evaluation mode."""
+  conv = functools.partial(
+    nn.Conv,
+    use_bias=False,
+    kernel_init=kaiming_normal_fan_out,
+    dtype=dtype,
+    conv_general_dilated=kernels.conv_general_dilated,
+  )
+  bn = functools.partial(
+    nn.BatchNorm,
+    use_running_average=not train,
+    momentum=bn_momentum,
+    epsilon=bn_eps,
+    dtype=dtype,
+  )
+  return conv, bn
+
+
+def classifier(x: jax.Array, num_classes: int, dtype: Any) -> tuple[jax.Array, jax.Array]:
+  """(float32 logits, pre_logits): global average pool, then the Linear head "fc" at PyTorch's
+  default init. Called inside a compact `__call__`, whose module owns "fc"."""
+  pre_logits = jnp.mean(x, axis=(1, 2))
+  fan_in = x.shape[-1]
+  logits = nn.Dense(
+    num_classes,
+    kernel_init=common.torch_linear_default(fan_in),
+    bias_init=common.torch_linear_default(fan_in),
+    dtype=dtype,
+    name="fc",
+  )(pre_logits)
+  return logits.astype(jnp.float32), pre_logits
 
 
 class Bottleneck(nn.Module):
@@ -39,19 +76,12 @@ class Bottleneck(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
-    conv = functools.partial(
-      nn.Conv,
-      use_bias=False,
-      kernel_init=kaiming_normal_fan_out,
+    conv, bn = conv_and_norm(
+      train=train,
       dtype=self.dtype,
-      conv_general_dilated=self.kernels.conv_general_dilated,
-    )
-    bn = functools.partial(
-      nn.BatchNorm,
-      use_running_average=not train,
-      momentum=self.bn_momentum,
-      epsilon=self.bn_eps,
-      dtype=self.dtype,
+      kernels=self.kernels,
+      bn_momentum=self.bn_momentum,
+      bn_eps=self.bn_eps,
     )
     out_chs = self.width * self.expansion
     s = (self.stride, self.stride)
@@ -89,24 +119,17 @@ class ResNet(nn.Module):
 
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool = False):
-    x = nn.Conv(
-      self.stem_width,
-      (7, 7),
-      strides=(2, 2),
-      padding=((3, 3), (3, 3)),
-      use_bias=False,
-      kernel_init=kaiming_normal_fan_out,
+    conv, bn = conv_and_norm(
+      train=train,
       dtype=self.dtype,
-      conv_general_dilated=self.kernels.conv_general_dilated,
-      name="conv1",
-    )(images.astype(self.dtype))
-    x = nn.BatchNorm(
-      use_running_average=not train,
-      momentum=self.bn_momentum,
-      epsilon=self.bn_eps,
-      dtype=self.dtype,
-      name="bn1",
-    )(x)
+      kernels=self.kernels,
+      bn_momentum=self.bn_momentum,
+      bn_eps=self.bn_eps,
+    )
+    x = conv(self.stem_width, (7, 7), strides=(2, 2), padding=((3, 3), (3, 3)), name="conv1")(
+      images.astype(self.dtype)
+    )
+    x = bn(name="bn1")(x)
     x = nn.relu(x)
     # PyTorch's MaxPool2d pads with -inf, as Flax's max_pool does.
     x = self.kernels.max_pool(x, 3, stride=2, pad=1)
@@ -125,16 +148,8 @@ class ResNet(nn.Module):
           name=f"layer{stage + 1}_{block}",
         )(x, train=train)
       features.append(x)
-    pre_logits = jnp.mean(x, axis=(1, 2))
-    fan_in = x.shape[-1]
-    logits = nn.Dense(
-      self.num_classes,
-      kernel_init=common.torch_linear_default(fan_in),
-      bias_init=common.torch_linear_default(fan_in),
-      dtype=self.dtype,
-      name="fc",
-    )(pre_logits)
-    return logits.astype(jnp.float32), {"features": tuple(features), "pre_logits": pre_logits}
+    logits, pre_logits = classifier(x, self.num_classes, self.dtype)
+    return logits, {"features": tuple(features), "pre_logits": pre_logits}
 
 
 def resnet50(

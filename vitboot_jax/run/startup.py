@@ -6,9 +6,10 @@ written before they pass.
 
 A fresh run's sources (`config.init_from`, `config.agent_init_from` alias `teacher=`) are checked
 here too, from the files alone: a path that does not exist, or a run of ours without the model it
-is to give, is refused. A run that stopped before its end, or a teacher trained with another agent
-recipe or on other data, is read as asked (a study may want either), with one warning naming its
-step or what differs; `source_warnings` are recorded in the student's config.json.
+is to give, is refused, and so is a teacher of other classes or another input size (or, a CNN
+teacher, another network). A run that stopped before its end, or a teacher trained with another
+agent recipe or on other data, is read as asked (a study may want either), with one warning naming
+its step or what differs; `source_warnings` are recorded in the student's config.json.
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def source_warnings(config: ml_collections.ConfigDict) -> list[str]:
   """
   warnings = []
   for field, (flag, model, modes) in _SOURCES.items():
+    if field == "agent_init_from" and config.mode == "joint" and config.cnn.get("name"):
+      model, modes = "CNN", ("cnn",)  # A CNN teacher in the agent's place.
     path = config.get(field, "")
     if path:
       warnings += _check_source(config, flag, epath.Path(path), model, modes)
@@ -150,7 +153,8 @@ def source_warnings(config: ml_collections.ConfigDict) -> list[str]:
 def _check_source(
   config: ml_collections.ConfigDict, flag: str, path: epath.Path, model: str, modes: tuple
 ) -> list[str]:
-  run = f"the workdir of a run of mode {', '.join(modes[:-1])} or {modes[-1]}"
+  named = modes[0] if len(modes) == 1 else f"{', '.join(modes[:-1])} or {modes[-1]}"
+  run = f"the workdir of a run of mode {named}"
   give = f"give a .safetensors/.npz/.pth file or {run}" if model == "ViT" else f"give {run}"
   if not path.exists():
     raise errors.ConfigError(f"{flag}={path}: no such file or directory; {give}")
@@ -166,9 +170,13 @@ def _check_source(
     )
   saved = _read_json(root / workdir_rules.CONFIG_FILE)
   if saved is not None and saved.get("mode") not in modes:
+    cnn = (saved.get("cnn") or {}).get("name") if saved.get("mode") == "cnn" else None
+    hint = f" (for it as the teacher: teacher_cnn={cnn})" if cnn and model == "agent" else ""
     raise errors.ConfigError(
-      f"{flag}={path} is a run of mode {saved.get('mode')!r}, which has no {model}; {give}"
+      f"{flag}={path} is a run of mode {saved.get('mode')!r}, which has no {model}; {give}{hint}"
     )
+  if saved is not None and model in ("agent", "CNN"):
+    _check_teacher_fits(config, flag, path, saved)
   warnings = []
   final = _read_json(root / workdir_rules.FINAL_FILE)
   last = final.get("step") if final else _planned_steps(saved, root)
@@ -188,6 +196,26 @@ def _check_source(
         "read as it is; give a run of this config with mode=agent for a teacher of this recipe"
       )
   return warnings
+
+
+def _check_teacher_fits(
+  config: ml_collections.ConfigDict, flag: str, path: epath.Path, saved: dict[str, Any]
+) -> None:
+  """A teacher predicts this config's classes from its images: refused, in one line, when its
+  run had other classes or another input size, or (a CNN) is another network."""
+  fields = {
+    "data.num_classes": ((saved.get("data") or {}).get("num_classes"), config.data.num_classes),
+    "image_size": (saved.get("image_size"), config.image_size),
+  }
+  if config.mode == "joint" and config.cnn.get("name"):
+    fields["cnn.name"] = ((saved.get("cnn") or {}).get("name"), config.cnn.name)
+  for field, (teacher, student) in fields.items():
+    if teacher != student:
+      raise errors.ConfigError(
+        f"{flag}={path} is a run with {field}={teacher!r} where this config has {student!r}: a "
+        "teacher must see the student's images and predict its classes; give a run of this data "
+        "at this size" + (" and of this CNN (teacher_cnn=)" if field == "cnn.name" else "")
+      )
 
 
 def _run_and_step(path: epath.Path) -> tuple[epath.Path, int | None]:
