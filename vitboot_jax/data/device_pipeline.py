@@ -169,7 +169,7 @@ class DeviceDataset:
     images, labels, index = read_split(config, split, subset=True)
     eval_images, eval_labels, _ = read_split(config, eval_split, subset=False)
     num_classes = config.data.num_classes
-    class_names = _class_names(config)
+    class_names = source_class_names(config)
     if len(class_names) != num_classes:
       raise errors.ConfigError(
         f"config.data.num_classes={num_classes} but the data ({config.data.name}, "
@@ -213,7 +213,8 @@ class DeviceDataset:
       yield self._eval_slice(self.eval, np.int32(i))
 
 
-def _class_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+def source_class_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The class names config.data's source gives, by label index (tfds: through TensorFlow)."""
   if config.data.name == "npz":
     return read_npz.npz_class_names(config)
   if config.data.name == "folder":
