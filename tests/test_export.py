@@ -14,11 +14,13 @@ from safetensors.numpy import load_file
 from tests.config_files import REPO, load_config
 from vitboot_jax import configlib, init_from, kernel_sets
 from vitboot_jax.base import errors
-from vitboot_jax.checkpoint import checkpointer, failures
+from vitboot_jax.checkpoint import checkpointer, failures, reader
 from vitboot_jax.models import convert, pretrained
 from vitboot_jax.models.build import build_models, build_vit
 from vitboot_jax.run import metrics
 from vitboot_jax.tools import export
+
+CLASSES = tuple(f"kind {c}" for c in "abcdefghij")  # As the run recorded them in data.json.
 
 
 def _run(tmp_path, arg, steps=(3,), name="run", **model):
@@ -42,6 +44,7 @@ def _run(tmp_path, arg, steps=(3,), name="run", **model):
       ckpt.save(step, state, force=True)
       saved[step] = params, stats
   metrics.write_json(workdir / "config.json", json.loads(config.to_json_best_effort()))
+  metrics.write_json(workdir / "data.json", {"name": "folder", "class_names": list(CLASSES)})
   return config, saved, str(workdir)
 
 
@@ -113,6 +116,48 @@ def test_timm_builds_the_exported_vit_and_computes_our_logits(tmp_path):
   vit = build_vit(config)
   ours = np.asarray(vit.apply({"params": saved[3][0]["vit"]}, images)[0])
   np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4 * np.abs(ours).max())
+
+
+def test_timm_reads_the_class_names_and_the_eval_transform_back(tmp_path):
+  """timm's own loader takes the export and its pretrained_cfg: the class names come back from
+  the model, the input size and normalisation from timm's data config."""
+  torch = pytest.importorskip("torch")
+  timm = pytest.importorskip("timm")
+  import functools
+
+  config, saved, workdir = _run(tmp_path, "mode=vit")
+  out = str(tmp_path / "vit.safetensors")
+  info = export.export(workdir, "timm", out)
+  assert json.loads((tmp_path / "vit.json").read_text()) == info
+  assert info["label_names"] == list(CLASSES) and info["label2id"]["kind c"] == 2
+  assert info["id2label"] == {str(i): name for i, name in enumerate(CLASSES)}
+  model = timm.create_model(
+    "vit_tiny_patch16_224",  # Its name only: model_args give every dimension.
+    pretrained=True,
+    pretrained_cfg_overlay=dict(file=out, **info["pretrained_cfg"]),
+    norm_layer=functools.partial(torch.nn.LayerNorm, eps=info["eps"]),
+    **info["model_args"],
+  )
+  assert model.pretrained_cfg["label_names"] == list(CLASSES)
+  data_config = timm.data.resolve_data_config(model=model)
+  mean, std = configlib.NORMALISATION[config.data.normalisation]
+  assert tuple(data_config["input_size"]) == (3, 32, 32) and data_config["crop_mode"] == "squash"
+  np.testing.assert_allclose(data_config["mean"], mean)
+  np.testing.assert_allclose(data_config["std"], std)
+  head = model.state_dict()["head.weight"].numpy()
+  np.testing.assert_array_equal(head, saved[3][0]["vit"]["head"]["kernel"].T)  # Weights loaded.
+
+
+def test_class_names_fall_back_to_the_data_and_else_are_a_note(tmp_path, image_folder):
+  _, _, workdir = _run(tmp_path, "mode=vit")
+  os.remove(os.path.join(workdir, "data.json"))  # A copied checkpoint: no record of the data.
+  info = export.export(workdir, "official", str(tmp_path / "none.safetensors"))
+  assert "label_names" not in info and info["notes"][0].startswith("no class names: ")
+  config = json.loads((tmp_path / "run" / "config.json").read_text())
+  config["data"]["dir"] = str(image_folder)
+  metrics.write_json(tmp_path / "run" / "config.json", config)
+  info = export.export(workdir, "timm", str(tmp_path / "vit.safetensors"))
+  assert info["label_names"] == [f"class{c}" for c in range(10)] and info["notes"] == []
 
 
 @pytest.mark.parametrize("mode", ["vit", "joint", "shared"])
@@ -192,7 +237,7 @@ def test_what_a_format_cannot_express_is_refused_by_name(arg, model, fmt, messag
   config.model.update(model)
   names = {"vit": ("vit",), "agent": ("agent",), "cnn": ("cnn",), "joint": ("vit", "agent")}
   names = names[config.mode]
-  run = export.Run(config, 1, {name: {} for name in names}, {}, [])
+  run = reader.Run(config, 1, {name: {} for name in names}, {}, [])
   with pytest.raises(errors.UsageError, match=message):
     (export.timm_export if fmt == "timm" else export.official_export)(run)
 
@@ -290,7 +335,7 @@ def test_official_export_has_exactly_the_keys_and_shapes_the_authors_models_hold
   size = config.image_size
   shapes = jax.eval_shape(models.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
   zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-  run = export.Run(config, 1, zeros["params"], zeros["batch_stats"], [])
+  run = reader.Run(config, 1, zeros["params"], zeros["batch_stats"], [])
   files, _ = export.official_export(run)
   assert list(files) == [""]
   got = {name: tuple(value.shape) for name, value in files[""].items()}

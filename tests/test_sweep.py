@@ -13,7 +13,7 @@ import pytest
 
 from tests.config_files import load_config
 from vitboot_jax import configlib
-from vitboot_jax.tools.sweep import paper_results
+from vitboot_jax.tools.sweep import paper_results, study_rows
 from vitboot_jax.tools.sweep import report as sweep_report
 from vitboot_jax.tools.sweep import runs as sweep_runs
 from vitboot_jax.tools.sweep import tables as sweep_tables
@@ -287,8 +287,8 @@ def test_well_trained_reuses_the_helps_commands_and_matches_their_compute():
     config = load_config(row.config).to_dict()
     macs[name] = train_compute._macs_per_image(json.dumps(config, sort_keys=True))
   own, teacher = 20 * macs["teacher_corr"], 20 * macs["agent"]
-  assert sweep_tables.MATCHED_TOTAL_EPOCHS == math.ceil((own + teacher) / macs["vit"])
-  assert sweep_tables.MATCHED_OWN_EPOCHS == math.ceil(own / macs["vit"])
+  assert study_rows.MATCHED_TOTAL_EPOCHS == math.ceil((own + teacher) / macs["vit"])
+  assert study_rows.MATCHED_OWN_EPOCHS == math.ceil(own / macs["vit"])
   (deit,) = [r for r in table.rows if r.name == "teacher_corr_deit"]
   assert sweep_tables.teacher_run(deit) == "agent_deit"
 

@@ -2,6 +2,7 @@
 the teacher's run named in the student's records."""
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -49,6 +50,25 @@ def test_stage_commands_set_each_stage_and_refuse_what_they_set(tmp_path):
     teach.stage_commands("configs/quickstart.py", str(tmp_path), extra=["--config.mode=vit"])
 
 
+def test_the_last_line_gives_both_top1s_and_runnable_next_commands(tmp_path):
+  for stage, final in (("teacher", {"top1_agent": 0.4512}), ("student", {"top1_vit": 0.5})):
+    (tmp_path / stage).mkdir()
+    (tmp_path / stage / "final.json").write_text(json.dumps(final))
+  (tmp_path / "student" / "config.json").write_text(json.dumps({"data": {"eval_split": "val"}}))
+  line = teach.summary_line(str(tmp_path))
+  assert line.startswith("teach: top-1 on 'val': teacher (agent) 45.12%, student (ViT) 50.00%;")
+  predict = line.split("classify images: ")[1].split(";")[0]
+  export = line.split("export: ")[1]
+  student = str(tmp_path / "student")
+  assert shlex.split(predict) == [
+    sys.executable, "-m", "vitboot_jax.tools.predict", f"--workdir={student}", "IMAGE_OR_FOLDER..."
+  ]  # fmt: skip
+  assert shlex.split(export)[:4] == [
+    sys.executable, "-m", "vitboot_jax.tools.export", f"--workdir={student}"
+  ]  # fmt: skip
+  assert "teacher (agent) unknown" in teach.summary_line(str(tmp_path / "none"))
+
+
 @pytest.mark.slow
 def test_teach_runs_both_stages_and_resumes_after_a_kill(image_folder, tmp_path):
   workdir = tmp_path / "teach"
@@ -79,6 +99,23 @@ def test_teach_runs_both_stages_and_resumes_after_a_kill(image_folder, tmp_path)
   assert recorded["loss"]["feature_loss"] == "corr"
   teacher_launches = (workdir / "teacher" / "launches.jsonl").read_text().splitlines()
   assert len(teacher_launches) == 1  # The finished teacher was not trained again.
+
+  # The commands print as they run, the interpreter first; the last line sums the two up.
+  lines = again.stdout.strip().splitlines()
+  printed = dict(line.removeprefix("teach: ").split(": ", 1) for line in lines[:2])
+  extra = _teach(workdir, image_folder)[5:]
+  for stage, command in teach.stage_commands(runs.TINY, str(workdir), extra=extra):
+    assert shlex.split(printed[stage]) == command
+  final_teacher = json.loads((workdir / "teacher" / "final.json").read_text())
+  assert lines[-1].startswith(
+    f"teach: top-1 on 'test': teacher (agent) {100 * final_teacher['top1_agent']:.2f}%, "
+    f"student (ViT) {100 * final['top1_vit']:.2f}%; classify images: {sys.executable} -m "
+    "vitboot_jax.tools.predict"
+  )
+  as_printed = subprocess.run(  # The finished student, run as printed, logs its results again.
+    printed["student"], shell=True, env=runs.env(1), capture_output=True, text=True, timeout=300
+  )
+  assert as_printed.returncode == 0, as_printed.stderr[-3000:]
 
 
 def test_a_clashing_arg_is_one_line_and_exit_2(tmp_path):

@@ -3,15 +3,18 @@
 Nothing here creates, moves or deletes a file, so a tool may read a run that is still training.
 Each step is verified against its checksums first (checksums.py); a damaged step, one whose
 record is gone included, is refused by name (CorruptCheckpointError, exit 2), never replaced by
-an older one. The tools' `--steps` flag (numbers or `last`) is resolved here too.
+an older one. The tools' `--steps` flag (numbers or `last`) is resolved here too, and `read_run`
+gives the tools that use a run's models (export, predict) its config and weights.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -20,6 +23,7 @@ from vitboot_jax.base import errors, library_logs
 from vitboot_jax.checkpoint.checksums import verify
 from vitboot_jax.checkpoint.failures import damaged_step_error
 from vitboot_jax.checkpoint.step_dirs import ITEM, absolute, complete_steps
+from vitboot_jax.run import workdir_rules
 from vitboot_jax.run.workdir_rules import CHECKPOINT_SUBDIR
 
 PyTree = Any
@@ -91,3 +95,44 @@ def read_on_host(step_dir: epath.PathLike, wanted: PyTree) -> PyTree:
       raise damaged_step_error(step_dir, cause, complete_steps(step_dir.parent)) from error
     finally:
       handler.close()
+
+
+@dataclasses.dataclass
+class Run:
+  """What a run's workdir holds that a tool using its models needs: its config and one
+  checkpoint's weights."""
+
+  config: ml_collections.ConfigDict
+  step: int
+  params: dict[str, Any]  # {"vit": ..., "agent": ..., "cnn": ...} as numpy: the models read.
+  batch_stats: dict[str, Any]  # {"agent": ...}: those models' BatchNorm statistics.
+  left_out: list[str]  # Parameter subtrees not read that a user may miss (DrLoc heads).
+
+
+def read_run(
+  workdir: str, step: int | None = None, models: Sequence[str] = ("vit", "agent")
+) -> Run:
+  """The config and the weights of `models` (those the run has) of `workdir`'s newest complete
+  step (or `step`); the optimizer state is not read. No complete checkpoint is a WorkdirError."""
+  root = absolute(workdir)  # Orbax reads absolute paths only; users type relative.
+  config = workdir_rules.read_config(root)
+  directory = root / CHECKPOINT_SUBDIR
+  steps = complete_steps(directory)
+  if not steps:
+    raise errors.WorkdirError(
+      f"--workdir={workdir} holds no complete checkpoint ({directory}/<step>/"
+      f"{workdir_rules.COMMIT_MARKER}); wait until the run has saved one"
+    )
+  if step is None:
+    step = steps[-1]
+  elif step not in steps:
+    raise errors.WorkdirError(f"--step={step} is not a complete checkpoint of {workdir}: {steps}")
+  step_dir = directory / str(step)
+  stored = stored_tree(step_dir)  # Verifies the step: a damaged one is refused.
+  wanted = {
+    "params": {k: v for k, v in stored["params"].items() if k in models},
+    "batch_stats": {k: v for k, v in (stored.get("batch_stats") or {}).items() if k in models},
+  }
+  restored = read_on_host(step_dir, wanted) if wanted["params"] else wanted
+  left_out = sorted(k for k in stored["params"] if k.startswith("drloc_"))
+  return Run(config, step, restored["params"], restored.get("batch_stats") or {}, left_out)

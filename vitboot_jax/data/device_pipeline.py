@@ -173,7 +173,7 @@ class DeviceDataset:
     eval_images, eval_labels, _ = read_split(config, "eval")
     val = read_split(config, "val") if splits.validation_split(config) else None
     num_classes = config.data.num_classes
-    class_names = _class_names(config)
+    class_names = source_class_names(config)
     if len(class_names) != num_classes:
       raise errors.ConfigError(
         f"config.data.num_classes={num_classes} but the data ({config.data.name}, "
@@ -241,7 +241,8 @@ def _split_size(config: ml_collections.ConfigDict, split: str, num_train: int) -
   return tfdata_sources.open_source(config).count(split)
 
 
-def _class_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+def source_class_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The class names config.data's source gives, by label index (tfds: through TensorFlow)."""
   if config.data.name == "npz":
     return read_npz.npz_class_names(config)
   if config.data.name == "folder":

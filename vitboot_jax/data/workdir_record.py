@@ -1,5 +1,6 @@
 """The workdir's record of the data a run trains on (data.json), so a resume on other data is
-refused (workdirs.check_data compares it)."""
+refused (workdirs.check_data compares it), and the class names the tools that use a trained
+model read from it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from vitboot_jax.base import errors
 from vitboot_jax.data import read_folders, read_npz, splits
 
 
@@ -66,3 +68,19 @@ def data_fingerprint(config: ml_collections.ConfigDict, info: splits.DatasetInfo
     if splits.holds_out(config):
       record["validation"]["val_fraction"] = config.data.val_fraction
   return record
+
+
+def class_names(config: ml_collections.ConfigDict, record: dict[str, Any]) -> tuple[str, ...]:
+  """The class names of a run by label index: its data.json `record`'s, else (a workdir without
+  one, e.g. a copied checkpoint) those config.data's source gives now; DataError without either."""
+  if record.get("class_names"):
+    return tuple(str(name) for name in record["class_names"])
+  from vitboot_jax.data import device_pipeline  # The sources' one reader of class names.
+
+  try:
+    return device_pipeline.source_class_names(config)
+  except Exception as error:  # Any source's failure: the data is gone or moved.
+    raise errors.DataError(
+      f"the run records no class names (no data.json) and its data ({config.data.name}, "
+      f"config.data.dir={config.data.dir!r}) cannot be read: {errors.first_line(error)}"
+    ) from error

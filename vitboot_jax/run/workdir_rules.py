@@ -71,6 +71,15 @@ def saved_config(workdir: epath.PathLike) -> dict[str, Any]:
     return {}
 
 
+def saved_data(workdir: epath.PathLike) -> dict[str, Any]:
+  """data.json of `workdir`: what its run trained on ({} where there is none or it cannot be
+  read)."""
+  try:
+    return json.loads((epath.Path(workdir) / DATA_FILE).read_text())
+  except (OSError, ValueError):
+    return {}
+
+
 def read_config(workdir: epath.PathLike) -> ml_collections.ConfigDict:
   """The config a run saved in `workdir` (config.json): what tools reading the run work from."""
   config_file = epath.Path(workdir) / CONFIG_FILE

@@ -10,12 +10,16 @@ numpy API (no torch needed), and OUTPUT's .json beside it:
 
 - timm: a `timm.models.vision_transformer.VisionTransformer` state_dict; the JSON holds the model
   arguments (`model_args`) and the LayerNorm `eps`, which timm takes as a norm_layer (README, "Use
-  a trained model in PyTorch"), and the input normalisation (`mean`, `std` on [0, 1] pixels).
+  a trained model in PyTorch"), the input normalisation (`mean`, `std` on [0, 1] pixels), and
+  `pretrained_cfg`, what `timm.create_model(..., pretrained_cfg_overlay=dict(file=OUTPUT,
+  **pretrained_cfg))` reads: the class names (`label_names`), input size and eval transform.
 - official: the state_dicts the authors' code loads: mode vit their `vit`, mode agent their `cnn`,
   mode joint both (the agent in OUTPUT's `.agent.safetensors`), mode shared their JointModel
   (`models.vit.*`, `models.cnn.*`, the tied tensors under both names as PyTorch lists them).
 
-`config.init_from=OUTPUT` reads either back. What a format cannot express is refused (exit 2)
+Both JSONs name the classes the run recorded (data.json) by label index: `label_names` (where
+timm's config.json has them) and `id2label`/`label2id` (Hugging Face's). `config.init_from=OUTPUT`
+reads either back. What a format cannot express is refused (exit 2)
 with the reason: entmax attention (timm has none; the authors' key of its alpha is not on
 record), a run without a ViT for timm, taps the official CONV cannot place. A DrLoc head (a
 training-time auxiliary) is left out with a note.
@@ -23,62 +27,23 @@ training-time auxiliary) is left out with a note.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
 import numpy as np
 from absl import app, flags
 
 from vitboot_jax import configlib
 from vitboot_jax.base import cli, errors, files
+from vitboot_jax.checkpoint import reader
+from vitboot_jax.checkpoint.reader import Run
 from vitboot_jax.run import workdir_rules
 
 FORMATS = ("timm", "official")
 SUFFIX = ".safetensors"
-
-
-@dataclasses.dataclass
-class Run:
-  """What a run's workdir holds that an export needs: its config and one checkpoint's weights."""
-
-  config: ml_collections.ConfigDict
-  step: int
-  params: dict[str, Any]  # {"vit": ..., "agent": ...} as numpy
-  batch_stats: dict[str, Any]  # {"agent": ...}
-  left_out: list[str]  # Parameter subtrees not exported (DrLoc heads).
-
-
-def read_run(workdir: str, step: int | None = None) -> Run:
-  """The config and the ViT/agent weights of `workdir`'s newest complete step (or `step`)."""
-  from vitboot_jax.checkpoint import reader, step_dirs
-
-  root = step_dirs.absolute(workdir)  # Orbax reads absolute paths only; users type relative.
-  config = workdir_rules.read_config(root)
-  directory = root / workdir_rules.CHECKPOINT_SUBDIR
-  steps = step_dirs.complete_steps(directory)
-  if not steps:
-    raise errors.WorkdirError(
-      f"--workdir={workdir} holds no complete checkpoint ({directory}/<step>/"
-      f"{workdir_rules.COMMIT_MARKER}); export once the run has saved one"
-    )
-  if step is None:
-    step = steps[-1]
-  elif step not in steps:
-    raise errors.WorkdirError(f"--step={step} is not a complete checkpoint of {workdir}: {steps}")
-  step_dir = directory / str(step)
-  stored = reader.stored_tree(step_dir)  # Verifies the step: a damaged one is refused.
-  wanted = {
-    "params": {k: v for k, v in stored["params"].items() if k in ("vit", "agent")},
-    "batch_stats": {k: v for k, v in (stored.get("batch_stats") or {}).items() if k == "agent"},
-  }
-  restored = reader.read_on_host(step_dir, wanted) if wanted["params"] else wanted
-  left_out = sorted(k for k in stored["params"] if k.startswith("drloc_"))
-  return Run(config, step, restored["params"], restored.get("batch_stats") or {}, left_out)
 
 
 def _refuse(message: str) -> None:
@@ -133,7 +98,9 @@ def _drloc_notes(run: Run) -> list[str]:
   ]
 
 
-def timm_export(run: Run) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+def timm_export(
+  run: Run, class_names: Sequence[str] = ()
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
   """({"": state_dict}, JSON fields) of the run's ViT in timm's layout."""
   from vitboot_jax.models import pretrained
 
@@ -165,7 +132,43 @@ def timm_export(run: Run) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, A
   norm = configlib.NORMALISATION.get(run.config.data.get("normalisation", ""))
   if norm:
     info.update(mean=list(norm[0]), std=list(norm[1]))
+  # The eval transform in timm's terms: a resize to the input size, or ImageNet's centre crop.
+  imagenet = run.config.data.augment == "imagenet"
+  info["pretrained_cfg"] = {
+    "num_classes": shape["num_classes"],
+    "input_size": [3, shape["img_size"], shape["img_size"]],
+    "interpolation": "bilinear",
+    "crop_pct": 0.875 if imagenet else 1.0,
+    "crop_mode": "center" if imagenet else "squash",
+    **({"mean": info["mean"], "std": info["std"]} if norm else {}),
+    **({"label_names": list(class_names)} if class_names else {}),
+  }
   return {"": pretrained.timm_state_dict(run.params["vit"])}, info
+
+
+def label_fields(class_names: Sequence[str]) -> dict[str, Any]:
+  """The class names by label index as timm's config.json and Hugging Face's name them."""
+  return {
+    "label_names": list(class_names),
+    "id2label": {str(i): name for i, name in enumerate(class_names)},
+    "label2id": {name: i for i, name in enumerate(class_names)},
+  }
+
+
+def _class_names(workdir: str, run: Run) -> tuple[tuple[str, ...], list[str]]:
+  """(the run's class names, or none with a note saying why)."""
+  from vitboot_jax.data import workdir_record
+
+  try:
+    names = workdir_record.class_names(run.config, workdir_rules.saved_data(workdir))
+  except errors.DataError as error:
+    return (), [f"no class names: {error}"]
+  if len(names) != run.config.data.num_classes:
+    return (), [
+      f"no class names: {len(names)} recorded for the {run.config.data.num_classes} classes of "
+      "config.data.num_classes"
+    ]
+  return names, []
 
 
 def _agent_stem(run: Run, notes: list[str]) -> str:
@@ -251,9 +254,12 @@ def export(workdir: str, fmt: str, output: str, step: int | None = None) -> dict
     _refuse(errors.unknown_choice("--format", fmt, FORMATS))
   if not output.endswith(SUFFIX):
     _refuse(f"--output={output} must end in {SUFFIX} (the JSON goes beside it)")
-  run = read_run(workdir, step)
-  state_dicts, info = (timm_export if fmt == "timm" else official_export)(run)
-  notes = info.pop("notes", []) + _drloc_notes(run)
+  run = reader.read_run(workdir, step)
+  class_names, notes = _class_names(workdir, run)
+  state_dicts, info = timm_export(run, class_names) if fmt == "timm" else official_export(run)
+  if class_names:
+    info.update(label_fields(class_names))
+  notes = info.pop("notes", []) + notes + _drloc_notes(run)
   base = output[: -len(SUFFIX)]
   written = {}
   for suffix, state_dict in state_dicts.items():

@@ -10,17 +10,23 @@ from DIR/teacher (`config.agent_init_from`, which the student's config.json reco
 args and every --config.* flag reach both stages. Each stage is `python -m vitboot_jax.main`, so
 each is what any run is: resumable after a kill at any point, and a finished stage only logs its
 results again. Re-running the same command is the whole recovery. SIGTERM or Ctrl-C reaches the
-stage in progress, which saves and exits; this command exits with its code.
+stage in progress, which saves and exits; this command exits with its code. Each stage's command
+is printed as it runs (a shell runs it as printed), and the last line gives both models' top-1 on
+the evaluation split and the commands that classify images and export the student's ViT.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
+import shlex
 import sys
 from collections.abc import Sequence
 
 from vitboot_jax.base import cli
 from vitboot_jax.base.errors import unknown_choice
+from vitboot_jax.run import workdir_rules
 from vitboot_jax.tools.sweep import runs as sweep_runs
 
 STUDENTS = {
@@ -30,6 +36,12 @@ STUDENTS = {
 # Args the stages set themselves; a user's value would be silently overridden.
 _OWN_ARGS = ("mode", "frozen", "teacher", "form", "feature")
 USAGE = __doc__.splitlines()[3].strip()
+
+
+def stage_dirs(workdir: str) -> tuple[str, str]:
+  """The teacher's and the student's workdirs: DIR/teacher and DIR/student, absolute."""
+  root = os.path.abspath(workdir)
+  return os.path.join(root, "teacher"), os.path.join(root, "student")
 
 
 def stage_commands(
@@ -50,7 +62,7 @@ def stage_commands(
     if flag.split("=", 1)[0] in ("--config.mode", "--config.agent_init_from", "--workdir"):
       raise ValueError(f"{flag}: this command sets it for each stage; drop it")
   path = os.path.abspath(path)  # The stages run from the caller's directory, as given.
-  teacher, pupil = (os.path.join(os.path.abspath(workdir), name) for name in ("teacher", "student"))
+  teacher, pupil = stage_dirs(workdir)
 
   def spec(stage_args: str) -> str:
     return f"{path}:{','.join(a for a in (args, stage_args) if a)}"
@@ -69,6 +81,28 @@ def stage_commands(
       ],
     ),
   ]
+
+
+def _top1(workdir: str, model: str) -> str:
+  """A finished stage's top-1 of `model` (final.json), as the progress lines give it."""
+  try:
+    final = json.loads((pathlib.Path(workdir) / workdir_rules.FINAL_FILE).read_text())
+    return f"{100 * final[f'top1_{model}']:.2f}%"
+  except (OSError, ValueError, KeyError):
+    return "unknown (no final.json)"
+
+
+def summary_line(workdir: str) -> str:
+  """The last line: both stages' top-1 on the evaluation split and what to run next."""
+  teacher, pupil = stage_dirs(workdir)
+  split = workdir_rules.saved_config(pupil).get("data", {}).get("eval_split", "test")
+  tool = lambda name, *args: shlex.join([sys.executable, "-m", f"vitboot_jax.tools.{name}", *args])
+  predict = tool("predict", f"--workdir={pupil}") + " IMAGE_OR_FOLDER..."
+  export = tool("export", f"--workdir={pupil}", "--format=timm", "--output=vit.safetensors")
+  return (
+    f"teach: top-1 on {split!r}: teacher (agent) {_top1(teacher, 'agent')}, student (ViT) "
+    f"{_top1(pupil, 'vit')}; classify images: {predict}; export: {export}"
+  )
 
 
 def _parse(argv: Sequence[str]) -> tuple[str, str, str, list[str]]:
@@ -95,7 +129,7 @@ def main(argv: Sequence[str]) -> int:
   except ValueError as error:
     cli.fail(str(error))
   for stage, command in stages:
-    print(f"teach: {stage}: {' '.join(command[1:])}", flush=True)
+    print(f"teach: {stage}: {shlex.join(command)}", flush=True)
     code, stop_signal = sweep_runs.run_training(command, cwd=os.getcwd())
     if code == cli.USAGE_EXIT_CODE:
       return code  # The stage printed its one line.
@@ -107,6 +141,7 @@ def main(argv: Sequence[str]) -> int:
         flush=True,
       )
       return code
+  print(summary_line(workdir), flush=True)
   return 0
 
 

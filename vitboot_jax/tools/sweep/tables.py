@@ -1,20 +1,18 @@
-"""What a sweep table is, and the tables' data: rows of config files with their args, the
-models whose final top-1 each reports and the paper's top-1 of each (paper_results.py).
+"""The sweep's tables (what a table is: spec.py): the paper's rows with the paper's top-1 of each
+(paper_results.py), the studies' rows (study_rows.py), and the queries the sweep asks of them.
 sweep/__main__.py describes every table; runs.py runs their rows, report.py reads the results
 into tables and figures.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
-from vitboot_jax.tools.sweep import paper_results
+from vitboot_jax.tools.sweep import paper_results, study_rows
+from vitboot_jax.tools.sweep.spec import CODE, Row, Table
+from vitboot_jax.tools.sweep.study_rows import AGENT_RUN
 
-DRLOC_LAMBDA = 0.1
-
-# Which recipe a paper row runs (the report's "recipe" column).
-CODE = "authors' code"  # The authors' config and code, which made the published numbers.
+# Which recipe a paper row runs (the report's "recipe" column), beside the authors' code (CODE).
 ALIGN = "paper Alg. 1 (Align)"  # Shared with the paper's Align; absent from the authors' code.
 PAPER_B = "paper: ViT-B + entmax"  # Table 1's label and parameter count for ViT-B-Sparse.
 SHIPPED_S = "authors' yaml: ViT-S shape"  # vit-base-entmax.yaml == vit-small-entmax.yaml.
@@ -23,47 +21,6 @@ ABLATION = "authors' code + Table 4 switch"  # No shipped config: one loss switc
 FINE_TUNE = "ours: authors' ViT recipe from imported weights"
 
 MODEL_LABELS = paper_results.MODEL_LABELS
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-  """One row: a config file with its args (+ flags), and whose final top-1 it reports."""
-
-  name: str  # The paper's row label (its published top-1 is looked up by it) or ours.
-  config: str  # "configs/<file>.py:<args>", relative to the repository root.
-  models: tuple[str, ...] = ("vit",)  # "vit", "agent" or "cnn": the final top-1s reported.
-  note: str = CODE  # Paper rows: the recipe; replication rows: what the row is.
-  overrides: tuple[str, ...] = ()  # Extra --config.* flags of this row.
-  run: str | None = None  # Workdir prefix; None: named after the config.
-
-  @property
-  def run_name(self) -> str:
-    if self.run:
-      return self.run
-    stem = self.config.split("/")[-1].replace(".py:", "_").removesuffix(".py")
-    return stem.replace(",", "_").replace("=", "-")
-
-
-@dataclasses.dataclass(frozen=True)
-class Table:
-  name: str
-  title: str
-  rows: tuple[Row, ...]
-  paper: str | None = None  # Key of paper_results.TABLES; None: no published numbers.
-  note_header: str = "recipe"
-  seeds: tuple[int, ...] = (0,)  # Default --seeds.
-  epochs: int | None = None  # Default --epochs, appended to every row's args; None: the config's.
-  data_folder: bool = False  # Pass the image folder --data_dir to every run.
-  overrides: tuple[str, ...] = ()  # Flags of every run of this table.
-  root: str = ""  # Default --root.
-  # A row every other row's ViT is set against (difference, pooled std, per seed; sweep_report).
-  reference: str | None = None
-  # Report each row's training compute in FLOPs from its traced train step (tools/train_compute.py).
-  compute: bool = False
-  # Pick the winner on the validation split (never the test split): the best mean validation
-  # top-1 of the ViT at the final epoch; of the rows within this many points of it, the first in
-  # table order (the fewest switches). None: the table chooses nothing.
-  choose_within: float | None = None
 
 
 def _cifar_rows(dataset: str) -> tuple[Row, ...]:
@@ -159,268 +116,6 @@ def _ablation_rows() -> tuple[Row, ...]:
   )
 
 
-def _replication_rows(config: str, names: Sequence[str] | None = None) -> tuple[Row, ...]:
-  """The CPU replication's rows on `config`; each row's name is its workdir prefix."""
-
-  def row(name: str, args: str, note: str, models: tuple[str, ...] = ("vit", "agent")) -> Row:
-    return Row(name, f"{config}:{args}", models, note, run=name)
-
-  drloc = f"{DRLOC_LAMBDA:g}"
-  rows = (
-    row("vit", "mode=vit", "ViT alone", ("vit",)),
-    row("agent", "mode=agent", "agent alone", ("agent",)),
-    row("joint", "mode=joint", "joint (ViT + agent, separate weights)"),
-    row("shared_align", "mode=shared,align=pcgrad", "shared with Align (PCGrad)"),
-    row(
-      "shared_noalign",
-      "mode=shared,align=none",
-      "shared without Align (official: summed gradients)",
-    ),
-    row("vit_drloc", f"mode=vit,drloc={drloc}", f"ViT + DrLoc (lambda {drloc})", ("vit",)),
-    row("vit_impulse", "mode=vit,init=impulse3", "ViT, impulse init (3x3)", ("vit",)),
-    row("vit_mimetic", "mode=vit,init=mimetic", "ViT, mimetic init", ("vit",)),
-    row(
-      "shared_drloc",
-      f"mode=shared,align=pcgrad,drloc={drloc}",
-      f"shared with Align + DrLoc on the ViT (lambda {drloc})",
-    ),
-    # Table 4's loss ablation in joint mode ("both" is the joint row).
-    row("joint_kd_only", "mode=joint,feature=0", "joint, KD only (no feature term)"),
-    row("joint_feature_only", "mode=joint,kd=0", "joint, feature term only (no KD)"),
-    row(
-      "joint_no_decay",
-      "mode=joint,decay=none",
-      "joint, both terms, constant feature weight (No Decay)",
-    ),
-  )
-  return tuple(r for r in rows if names is None or r.name in names)
-
-
-# The agent-alone run of the same seed, which the teacher rows of the mechanism table start from.
-AGENT_RUN = "{root}/agent_seed{seed}"
-
-
-def _mechanism_rows(config: str) -> tuple[Row, ...]:
-  """Why the feature (hint) term costs the ViT: one row per explanation's switch (configs/
-  common.py), all in joint mode unless named, beside the references."""
-
-  def row(name: str, args: str, note: str, models=("vit", "agent"), overrides=()) -> Row:
-    return Row(name, f"{config}:{args}", models, note, tuple(overrides), run=name)
-
-  teacher = (f"--config.agent_init_from={AGENT_RUN}",)
-  b2 = ("--config.optim.b2=0.99",)
-  # Run in this order (the references the rows need first, then one row per explanation).
-  return (
-    row("vit", "mode=vit", "reference: ViT alone", ("vit",)),
-    row("agent", "mode=agent", "reference: agent alone (the teacher rows' start)", ("agent",)),
-    row("joint", "mode=joint", "reference: official joint (ce 1, kd 1, feature 10)"),
-    row(
-      "joint_teacher",
-      "mode=joint",
-      "1 teacher: the agent starts from the finished agent-alone run, trained on",
-      overrides=teacher,
-    ),
-    row(
-      "joint_teacher_frozen",
-      "mode=joint,frozen=1",
-      "1 teacher: the agent starts from the finished agent-alone run, frozen",
-      overrides=teacher,
-    ),
-    row("joint_until10", "mode=joint,until=0.1", "2 timing: hint in the first 10% of steps only"),
-    row("joint_until30", "mode=joint,until=0.3", "2 timing: hint in the first 30% of steps only"),
-    row("joint_balance1", "mode=joint,balance=1", "3 strength: hint gradient <= the CE's (norm)"),
-    row("joint_projector", "mode=joint,projector=linear", "3 form: learnable linear projector"),
-    row("joint_last2", "mode=joint,layers=2", "3 strength: the last 2 of 6 layers only"),
-    row("joint_paper_form", "mode=joint,form=paper", "3 form: the paper's Eq. 6 (L2-normalised)"),
-    row(
-      "joint_corr_form",
-      "mode=joint,form=corr",
-      "3 form: correlation over positions (no reward for the image's mean target)",
-    ),
-    row(
-      "joint_gate35",
-      "mode=joint,gate=0.35",
-      "1 teacher: hint on once the agent's train top-1 >= 35%",
-    ),
-    row("joint_pool2d", "mode=joint,adapt=pool2d", "4 geometry: 2-D pooling of the agent's grid"),
-    row("joint_kd_only", "mode=joint,feature=0", "reference: joint without the hint (KD only)"),
-    row("shared_noalign", "mode=shared,align=none", "reference: official shared"),
-    # Rows the first runs suggested (labelled variants of the recipe, as the switches are).
-    row(
-      "joint_teacher_frozen_until10",
-      "mode=joint,frozen=1,until=0.1",
-      "1 teacher + 2 timing: the frozen finished agent, hint in the first 10% of steps only",
-      overrides=teacher,
-    ),
-    row(
-      "joint_teacher_frozen_corr",
-      "mode=joint,frozen=1,form=corr",
-      "1 teacher + 3 form: the frozen finished agent, hint as correlation over positions",
-      overrides=teacher,
-    ),
-    row(
-      "vit_lr_half",
-      "mode=vit",
-      "reference: ViT alone at half the lr (what half of the ViT's step costs)",
-      ("vit",),
-      overrides=("--config.optim.lr=5e-4",),
-    ),
-    row(
-      "vit_lr_quarter",
-      "mode=vit",
-      "reference: ViT alone at a quarter of the lr",
-      ("vit",),
-      overrides=("--config.optim.lr=2.5e-4",),
-    ),
-    row("vit_b2", "mode=vit", "5 optimizer: ViT alone, Adam b2 0.99", ("vit",), overrides=b2),
-    row(
-      "joint_b2",
-      "mode=joint",
-      "5 optimizer: Adam b2 0.99 (remembers the hint's gradients ~100 steps, not ~1000)",
-      overrides=b2,
-    ),
-    row(
-      "joint_until10_b2",
-      "mode=joint,until=0.1",
-      "5 optimizer: hint in the first 10% of steps only, Adam b2 0.99",
-      overrides=b2,
-    ),
-  )
-
-
-def _helps_rows(config: str) -> tuple[Row, ...]:
-  """Can the agent help the ViT: the references, then one labelled candidate recipe a row (each a
-  switch of configs/common.py, off by default), where the agent leads the ViT (20 epochs)."""
-
-  def row(name: str, args: str, note: str, models=("vit", "agent"), overrides=()) -> Row:
-    return Row(name, f"{config}:{args}", models, note, tuple(overrides), run=name)
-
-  teacher = (f"--config.agent_init_from={AGENT_RUN}",)
-  # The agent-alone row is every teacher row's teacher, so it runs before them.
-  return (
-    row("vit", "mode=vit", "reference: ViT alone", ("vit",)),
-    row("agent", "mode=agent", "reference: agent alone (the teacher rows' teacher)", ("agent",)),
-    row("joint", "mode=joint", "reference: official joint (ce 1, kd 1, feature 10)"),
-    row(
-      "kd_teacher",
-      "mode=joint,feature=0,frozen=1",
-      "1 soft KD only, from the finished agent, frozen",
-      overrides=teacher,
-    ),
-    row(
-      "deit_hard",
-      "mode=joint,distill=hard,feature=0,kd=0,frozen=1",
-      "2 DeiT hard distillation: a distillation token learns the finished frozen agent's argmax",
-      overrides=teacher,
-    ),
-    row(
-      "teacher_corr",
-      "mode=joint,frozen=1,form=corr",
-      "3 KD + the correlation hint, from the finished agent, frozen",
-      overrides=teacher,
-    ),
-    # Ours, after the first results (soft KD from the finished agent led at epochs 5 and 10): the
-    # same teacher as it predicts at inference, without dropout noise or moving statistics.
-    row(
-      "kd_teacher_eval",
-      "mode=joint,feature=0,frozen=1,teacher_eval=1",
-      "5 (ours) soft KD only, from the finished agent, frozen, predicting in evaluation mode",
-      overrides=teacher,
-    ),
-    row(
-      "shared_nohint",
-      "mode=shared,align=pcgrad,feature=0",
-      "4 shared with Align, no hint (KD both ways)",
-    ),
-  )
-
-
-# The compute-matched epochs of the well_trained table, counted from the traced train steps before
-# any run (docs/results.md): teacher_corr's 20 epochs with its teacher's 20-epoch run, and without.
-MATCHED_TOTAL_EPOCHS = 86
-MATCHED_OWN_EPOCHS = 37
-DEIT_TEACHER_RUN = "{root}/agent_deit_seed{seed}"
-SHORT_TEACHER_RUN = "{root}/agent_e10_seed{seed}"
-
-
-def _well_trained_rows(config: str) -> tuple[Row, ...]:
-  """Does the agent help a well-trained ViT: the helps references and teacher rows (the same
-  commands, so their records are reused), the ViT alone with label smoothing and given
-  teacher_corr's compute, and the same with the field's recipe (recipe=deit)."""
-
-  def row(name: str, args: str, note: str, models=("vit",), overrides=()) -> Row:
-    return Row(name, f"{config}:{args}", models, note, tuple(overrides), run=name)
-
-  teacher = (f"--config.agent_init_from={AGENT_RUN}",)
-  total, own = MATCHED_TOTAL_EPOCHS, MATCHED_OWN_EPOCHS
-  pair = ("vit", "agent")
-  corr, kd = "mode=joint,frozen=1,form=corr,epochs=20", "mode=joint,feature=0,frozen=1,epochs=20"
-  return (
-    row("vit", "mode=vit,epochs=20", "reference: ViT alone (helps)"),
-    row("agent", "mode=agent,epochs=20", "agent alone, the teacher below (helps)", ("agent",)),
-    row("teacher_corr", corr, "KD + correlation hint from it, frozen (helps)", pair, teacher),
-    row("kd_teacher", kd, "soft KD only from it, frozen (helps)", pair, teacher),
-    row("vit_ls", "mode=vit,epochs=20,smoothing=0.1", "1 ViT alone, label smoothing 0.1"),
-    row(
-      "vit_matched_own",
-      f"mode=vit,epochs={own}",
-      f"2 ViT alone, {own} epochs: teacher_corr's own compute",
-    ),
-    row(
-      "vit_matched_total",
-      f"mode=vit,epochs={total}",
-      f"2 ViT alone, {total} epochs: teacher_corr's compute with its teacher's run",
-    ),
-    *_recipe_rows(config, ",epochs=20", "3 "),
-    # Ours, after the first result (the ViT alone at teacher_corr's own compute, 37 epochs, stays
-    # below it): can the teacher's run, the larger share of the compute, be shorter?
-    row(
-      "agent_e10",
-      "mode=agent,epochs=10",
-      "4 (ours) agent alone, 10 epochs: a shorter teacher",
-      ("agent",),
-    ),
-    row(
-      "teacher_corr_short",
-      corr,
-      "4 (ours) teacher_corr from the 10-epoch agent",
-      pair,
-      (f"--config.agent_init_from={SHORT_TEACHER_RUN}",),
-    ),
-    row(
-      "vit_deit_matched_total",
-      f"mode=vit,epochs={total},recipe=deit",
-      f"3 ViT alone, DeiT's recipe, {total} epochs (recounted on the recipe's steps first)",
-    ),
-  )
-
-
-def _recipe_rows(config: str, epochs: str = "", label: str = "") -> tuple[Row, ...]:
-  """The rows with the field's recipe (recipe=deit): the agent alone (their teacher), the ViT
-  alone, and teacher_corr and kd_teacher from that agent; `epochs` (",epochs=N") after each
-  row's mode args, else the config's (the 224-px ones take theirs from launch/rung3_224.sh)."""
-
-  def row(name: str, args: str, note: str, models=("vit",), overrides=()) -> Row:
-    config_args = f"{config}:{args}{epochs},recipe=deit"
-    return Row(name, config_args, models, f"{label}{note}", tuple(overrides), run=name)
-
-  teacher = (f"--config.agent_init_from={DEIT_TEACHER_RUN}",)
-  pair = ("vit", "agent")
-  corr, kd = "mode=joint,frozen=1,form=corr", "mode=joint,feature=0,frozen=1"
-  return (
-    row("vit_deit", "mode=vit", "ViT alone, DeiT's recipe"),
-    row("agent_deit", "mode=agent", "agent alone, DeiT's recipe: the teacher below", ("agent",)),
-    row(
-      "teacher_corr_deit",
-      corr,
-      "KD + correlation hint from it, frozen, DeiT's recipe",
-      pair,
-      teacher,
-    ),
-    row("kd_teacher_deit", kd, "soft KD only from it, frozen, DeiT's recipe", pair, teacher),
-  )
-
-
 # The study tables log the ViT's CE and hint gradient shares (the paper tables train as users do).
 SHARES = "--config.log_hint_shares=true"
 _REPLICATION = dict(
@@ -443,14 +138,14 @@ _TABLES = (
   Table(
     "replication",
     "CPU-scale replication (quickstart ViT + agent, CIFAR-10 10%, 32 px, 8x8 tokens)",
-    _replication_rows("configs/quickstart.py"),
+    study_rows.replication_rows("configs/quickstart.py"),
     root="workdirs/cpu_replication",
     **_REPLICATION,
   ),
   Table(
     "replication_tokens16",
     "CPU-scale replication at 16x16 tokens (CIFAR-10 10%, 32 px, patch 2)",
-    _replication_rows(
+    study_rows.replication_rows(
       "configs/cifar10_tokens16.py",
       ("vit", "agent", "joint", "shared_align", "shared_noalign")
       + ("joint_kd_only", "joint_feature_only", "joint_no_decay"),
@@ -463,7 +158,7 @@ _TABLES += (
   Table(
     "replication_224",
     "The paper's ViT-S and Agent-S at 224 px, official recipe, CIFAR-10 10% (third rung)",
-    _replication_rows(
+    study_rows.replication_rows(
       "configs/vits_cifar10.py", ("vit", "agent", "joint", "shared_align", "shared_noalign")
     ),
     note_header="description",
@@ -476,7 +171,7 @@ _TABLES += (
   Table(
     "mechanism",
     "Why the hint costs the ViT: one switch per explanation (8x8 tokens, CIFAR-10 10%, 32 px)",
-    _mechanism_rows("configs/quickstart.py"),
+    study_rows.mechanism_rows("configs/quickstart.py"),
     root="workdirs/mechanism",
     **{**_REPLICATION, "epochs": 5},
   ),
@@ -485,7 +180,7 @@ _TABLES += (
   Table(
     "mechanism_tokens16",
     "Why the hint costs the ViT, at 16x16 tokens (CIFAR-10 10%, 32 px, patch 2)",
-    _mechanism_rows("configs/cifar10_tokens16.py"),
+    study_rows.mechanism_rows("configs/cifar10_tokens16.py"),
     root="workdirs/mechanism_tokens16",
     **_REPLICATION,  # 10 epochs, as the 16x16-token replication; on a GPU: launch/rung3_224.sh.
   ),
@@ -494,7 +189,7 @@ _TABLES += (
   Table(
     "helps",
     "Can the agent help the ViT? Labelled recipes where the agent leads (8x8 tokens, 20 epochs)",
-    _helps_rows("configs/quickstart.py"),
+    study_rows.helps_rows("configs/quickstart.py"),
     root="workdirs/helps",
     note_header="description",
     seeds=(0, 1),
@@ -508,7 +203,7 @@ _TABLES += (
   Table(
     "helps_224",
     "Can the agent help the ViT? The paper's ViT-S and Agent-S at 224 px, CIFAR-10 10%",
-    _helps_rows("configs/vits_cifar10.py"),
+    study_rows.helps_rows("configs/vits_cifar10.py"),
     root="workdirs/helps_224",
     note_header="description",
     # The data (an .npz of the 10% subset) and the epochs come from launch/rung3_224.sh.
@@ -520,7 +215,7 @@ _TABLES += (
   Table(
     "well_trained",
     "Does the agent help a well-trained ViT? Compute, label smoothing, DeiT's recipe (8x8 tokens)",
-    _well_trained_rows("configs/quickstart.py"),
+    study_rows.well_trained_rows("configs/quickstart.py"),
     root="workdirs/well_trained",
     note_header="description",
     seeds=(0, 1),
@@ -534,7 +229,7 @@ _TABLES += (
   Table(
     "well_trained_224",
     "Does the agent help a well-trained ViT? DeiT's recipe, the paper's ViT-S and Agent-S, 224 px",
-    _recipe_rows("configs/vits_cifar10.py"),
+    study_rows.recipe_rows("configs/vits_cifar10.py"),
     root="workdirs/well_trained_224",
     note_header="description",
     # The data (an .npz of the 10% subset) and the epochs come from launch/rung3_224.sh.
@@ -542,58 +237,16 @@ _TABLES += (
     compute=True,
   ),
 )
-# The small-data baseline (8x8 tokens, 5,000 images): every run holds 500 images a class out of
-# the rest of the training split and is chosen on them, never on the test split.
-VALIDATION = ("--config.data.val_split=held_out", "--config.data.val_fraction=0.1")
-BASELINE_EPOCHS = 100
-# Warmup, no decay on norms/biases/embeddings, one clipping rule for every arm (big_vision, timm).
-HYGIENE = (
-  "--config.optim.warmup_epochs=5",
-  "--config.optim.decay_all=false",
-  "--config.optim.clip_norm=1.0",
-)
-# The augmentation strengths of the screening, weakest first (DeiT's is recipe=deit).
-AUGMENTATION = {
-  "light": "randaug=rand-m5-mstd0.5-inc1,smoothing=0.1,drop_path=0.05",
-  "medium": "randaug=rand-m9-mstd0.5-inc1,smoothing=0.1,drop_path=0.1",
-  "deit": "recipe=deit",
-}
-# The init of the augmentation rows: the better of base_hygiene and base_hygiene_std on
-# validation (docs/results.md, "An honest ViT baseline": the rule, written before the runs).
-BASELINE_INIT = "official"
-
-
-def _baseline_rows(config: str, init: str = BASELINE_INIT) -> tuple[Row, ...]:
-  """The screening grid of the ViT alone at 100 epochs: the official recipe and standard init,
-  the same with the training hygiene (HYGIENE), then three augmentation strengths."""
-
-  def row(name: str, args: str, note: str, overrides=()) -> Row:
-    epochs = f"mode=vit,epochs={BASELINE_EPOCHS}"
-    return Row(name, f"{config}:{epochs}{args}", ("vit",), note, tuple(overrides), run=name)
-
-  chosen = "" if init == "official" else f",init={init}"
-  return (
-    row("base_official", "", "G1 the official recipe (the paper's ViT alone)"),
-    row("base_std", ",init=standard", "G2 G1 with standard init (timm's)"),
-    row("base_hygiene", "", "G3 G1 + warmup 5, decay mask, clip 1.0", HYGIENE),
-    row("base_hygiene_std", ",init=standard", "G4 G3 with standard init", HYGIENE),
-    *(
-      row(f"aug_{level}", f"{chosen},{args}", f"G{5 + i} G3/G4's winner + {level} aug", HYGIENE)
-      for i, (level, args) in enumerate(AUGMENTATION.items())
-    ),
-  )
-
-
 _TABLES += (
   Table(
     "baseline",
     "An honest ViT baseline, screened on validation (8x8 tokens, 5,000 images, 100 epochs)",
-    _baseline_rows("configs/quickstart.py"),
+    study_rows.baseline_rows("configs/quickstart.py"),
     root="workdirs/baseline",
     note_header="description",
     seeds=(0,),
     data_folder=True,
-    overrides=("--config.eval_every_epochs=5", *VALIDATION),
+    overrides=("--config.eval_every_epochs=5", *study_rows.VALIDATION),
     reference="base_official",
     compute=True,
     choose_within=0.2,
@@ -604,7 +257,7 @@ _TABLES += (
     (
       Row(
         "agent_e100",
-        f"configs/quickstart.py:mode=agent,epochs={BASELINE_EPOCHS}",
+        f"configs/quickstart.py:mode=agent,epochs={study_rows.BASELINE_EPOCHS}",
         ("agent",),
         "the agent alone, its official recipe, 100 epochs",
         run="agent_e100",
@@ -614,7 +267,7 @@ _TABLES += (
     note_header="description",
     seeds=(0, 1),
     data_folder=True,
-    overrides=("--config.eval_every_epochs=5", *VALIDATION),
+    overrides=("--config.eval_every_epochs=5", *study_rows.VALIDATION),
     compute=True,
   ),
 )
