@@ -262,6 +262,17 @@ _TABLES += (
         "the agent alone, its official recipe, 100 epochs",
         run="agent_e100",
       ),
+      # He et al.'s CIFAR ResNets, their recipe (configs/cifar_resnet.py: 180 epochs here).
+      *(
+        Row(
+          name,
+          f"configs/cifar_resnet.py:model={name}",
+          ("cnn",),
+          f"{name} alone, He et al.'s recipe",
+          run=name,
+        )
+        for name in ("resnet20", "resnet56")
+      ),
     ),
     root="workdirs/teachers",
     note_header="description",
