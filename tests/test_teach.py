@@ -129,3 +129,65 @@ def test_a_clashing_arg_is_one_line_and_exit_2(tmp_path):
   assert proc.returncode == 2
   lines = [line for line in proc.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and "sets mode" in lines[0], lines
+
+
+def test_a_resnet_teacher_trains_on_the_students_data_with_its_own_recipe(tmp_path):
+  extra = ["--config.data.dir=/data", "--config.optim.lr=0.5", "--config.seed=3"]
+  (_, first), (_, second) = teach.stage_commands(
+    f"{runs.TINY}:classes=10", str(tmp_path), extra=extra, teacher="resnet20"
+  )
+  assert first[3] == f"--config={teach.RESNET_CONFIG}:model=resnet20"
+  assert first[4] == f"--workdir={tmp_path / 'teacher'}"
+  # The student's data and image size, then the user's data and seed flags; not the ViT's lr.
+  for flag in ("--config.data.name=folder", "--config.data.num_classes=10"):
+    assert flag in first
+  assert "--config.data.normalisation=cifar10" in first and "--config.image_size=32" in first
+  assert first[-2:] == ["--config.data.dir=/data", "--config.seed=3"]
+  assert "--config.optim.lr=0.5" not in first and "--config.optim.lr=0.5" in second
+  assert second[3].endswith(":classes=10,mode=joint,frozen=1,form=corr,teacher_cnn=resnet20")
+  assert f"--config.agent_init_from={tmp_path / 'teacher'}" in second
+
+
+def test_a_finished_run_teaches_without_a_first_stage(tmp_path):
+  run = tmp_path / "resnet56_run"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"mode": "cnn", "cnn": {"name": "resnet56"}}))
+  [(stage, command)] = teach.stage_commands(runs.TINY, str(tmp_path / "w"), teacher=str(run))
+  assert stage == "student" and f"--config.agent_init_from={run}" in command
+  assert command[3].endswith(",teacher_cnn=resnet56")
+  (run / "config.json").write_text(json.dumps({"mode": "agent"}))
+  [(_, command)] = teach.stage_commands(runs.TINY, str(tmp_path / "w"), teacher=str(run))
+  assert "teacher_cnn" not in command[3]
+  (run / "config.json").write_text(json.dumps({"mode": "vit"}))
+  with pytest.raises(ValueError, match="which has no agent or CNN"):
+    teach.stage_commands(runs.TINY, str(tmp_path / "w"), teacher=str(run))
+  with pytest.raises(ValueError, match="neither agent, resnet20, resnet32, resnet56 nor"):
+    teach.stage_commands(runs.TINY, str(tmp_path / "w"), teacher=str(tmp_path / "nothing"))
+  # The last line names the CNN and reads its top-1.
+  (run / "final.json").write_text(json.dumps({"top1_cnn": 0.7}))
+  (tmp_path / "w" / "student").mkdir(parents=True)
+  student = {"data": {"eval_split": "test"}, "cnn": {"name": "resnet56"}}
+  (tmp_path / "w" / "student" / "config.json").write_text(json.dumps(student))
+  line = teach.summary_line(str(tmp_path / "w"), str(run))
+  assert line.startswith("teach: top-1 on 'test': teacher (resnet56) 70.00%, student (ViT) unknown")
+
+
+@pytest.mark.slow
+def test_teach_with_a_resnet_teacher_end_to_end(image_folder, tmp_path):
+  workdir = tmp_path / "teach"
+  proc = subprocess.run(
+    [*_teach(workdir, image_folder, "--teacher=resnet20"), "--config.total_steps=3"],
+    env=runs.env(1),
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  teacher = json.loads((workdir / "teacher" / "config.json").read_text())
+  assert teacher["mode"] == "cnn" and teacher["cnn"]["name"] == "resnet20"
+  assert teacher["data"]["dir"] == str(image_folder) and teacher["optim"]["name"] == "sgd"
+  student = json.loads((workdir / "student" / "config.json").read_text())
+  assert student["cnn"]["name"] == "resnet20" and student["agent_frozen"]
+  assert (
+    proc.stdout.strip().splitlines()[-1].startswith("teach: top-1 on 'test': teacher (resnet20)")
+  )

@@ -1,13 +1,18 @@
-r"""The finished-teacher recipe in one command: the agent trained alone (the teacher's run), then
-the ViT taught by it, frozen, with KD and the correlation hint (`teacher_corr` of the helps table).
+r"""The finished-teacher recipe in one command: the teacher trained alone, then the ViT taught by
+it, frozen, with KD and the correlation hint (`teacher_corr` of the helps table).
 
   python -m vitboot_jax.tools.teach --config=configs/quickstart.py:epochs=20 --workdir=DIR \
-    [--student=corr|kd] [--config.FIELD=VALUE ...]
+    [--teacher=agent|resnet20|resnet32|resnet56|PATH] [--student=corr|kd] [--config.FIELD=VALUE ...]
 
-Stage 1 trains `mode=agent` into DIR/teacher; stage 2 trains `mode=joint,frozen=1` and
-`form=corr` (or `feature=0`: soft KD alone, `--student=kd`) into DIR/student, its agent read
-from DIR/teacher (`config.agent_init_from`, which the student's config.json records). The config's
-args and every --config.* flag reach both stages. Each stage is `python -m vitboot_jax.main`, so
+Stage 1 trains the teacher into DIR/teacher: the config's agent (`mode=agent`, the default), or a
+CIFAR ResNet with its own recipe (configs/cifar_resnet.py) on the student's data (its data fields
+and image size, so both see the same images); `--teacher=PATH` names a finished run of ours
+instead (an agent's or a CNN's) and skips stage 1. Stage 2 trains `mode=joint,frozen=1` and
+`form=corr` (or `feature=0`: soft KD alone, `--student=kd`) into DIR/student, its teacher read
+from the teacher's run (`config.agent_init_from`, which the student's config.json records; a CNN
+as `teacher_cnn=NAME`, its hint from the CNN's stages). The config's args and every --config.*
+flag reach both stages (a ResNet teacher takes only the --config.data.*, image_size, seed and
+total_steps flags: the rest is the ViT's recipe). Each stage is `python -m vitboot_jax.main`, so
 each is what any run is: resumable after a kill at any point, and a finished stage only logs its
 results again. Re-running the same command is the whole recovery. SIGTERM or Ctrl-C reaches the
 stage in progress, which saves and exits; this command exits with its code. Each stage's command
@@ -34,22 +39,84 @@ STUDENTS = {
   "kd": "mode=joint,frozen=1,feature=0",  # Soft KD alone (kd_teacher).
 }
 # Args the stages set themselves; a user's value would be silently overridden.
-_OWN_ARGS = ("mode", "frozen", "teacher", "form", "feature")
-USAGE = __doc__.splitlines()[3].strip()
+_OWN_ARGS = ("mode", "frozen", "teacher", "form", "feature", "teacher_cnn")
+USAGE = " ".join(line.strip() for line in __doc__.splitlines()[3:5]).replace("\\ ", "")
+# Teachers stage 1 trains: the config's agent, or a CIFAR ResNet with its own recipe.
+RESNETS = ("resnet20", "resnet32", "resnet56")
+RESNET_CONFIG = cli.CONFIGS_DIR / "cifar_resnet.py"
+# What a ResNet teacher takes from the student's config, so both train on the same images, seen
+# the same way (the student's batches reach its frozen teacher as they are).
+_SAME_DATA = (
+  "name", "dir", "train_split", "eval_split", "num_classes", "train_fraction", "val_split",
+  "val_fraction", "normalisation", "stored_size", "pipeline",
+)  # fmt: skip
+# The user's flags a ResNet teacher takes too (a smoke run's step cap among them).
+_SHARED_FLAGS = (
+  "--config.data.",
+  "--config.image_size=",
+  "--config.seed=",
+  "--config.total_steps=",
+)
 
 
-def stage_dirs(workdir: str) -> tuple[str, str]:
-  """The teacher's and the student's workdirs: DIR/teacher and DIR/student, absolute."""
+def stage_dirs(workdir: str, teacher: str = "agent") -> tuple[str, str]:
+  """The teacher's and the student's workdirs: DIR/teacher (or the finished run --teacher names)
+  and DIR/student, absolute."""
   root = os.path.abspath(workdir)
-  return os.path.join(root, "teacher"), os.path.join(root, "student")
+  trained = teacher == "agent" or teacher in RESNETS
+  teacher_dir = os.path.join(root, "teacher") if trained else os.path.abspath(teacher)
+  return teacher_dir, os.path.join(root, "student")
+
+
+def teacher_kind(teacher: str) -> str:
+  """ "agent", a CIFAR ResNet's name, or for a finished run (PATH) its mode ("agent", "joint")
+  or its CNN's name; ValueError where PATH is not a run of ours."""
+  if teacher == "agent" or teacher in RESNETS:
+    return teacher
+  saved = pathlib.Path(teacher) / workdir_rules.CONFIG_FILE
+  if not saved.is_file():
+    raise ValueError(
+      f"--teacher={teacher} is neither agent, {', '.join(RESNETS)} nor the workdir of a run of "
+      f"ours (no {workdir_rules.CONFIG_FILE} there)"
+    )
+  recorded = json.loads(saved.read_text())
+  if recorded.get("mode") == "cnn":
+    return recorded["cnn"]["name"]
+  if recorded.get("mode") in ("agent", "joint"):
+    return "agent"
+  raise ValueError(
+    f"--teacher={teacher} is a run of mode {recorded.get('mode')!r}, which has no agent or CNN "
+    "to teach with; give a run of mode agent or cnn"
+  )
+
+
+def _resnet_stage(config: str, name: str, workdir: str, extra: Sequence[str]) -> list[str]:
+  """A ResNet teacher's run: its own recipe on the student's data (the student config's data
+  fields and image size as flags, then the user's data, image size and seed flags)."""
+  student = cli.load_config(config)
+  same = [f"--config.data.{k}={student.data[k]}" for k in _SAME_DATA if student.data[k] is not None]
+  shared = [flag for flag in extra if flag.startswith(_SHARED_FLAGS)]
+  return [
+    f"--config={RESNET_CONFIG}:model={name}",
+    f"--workdir={workdir}",
+    *same,
+    f"--config.image_size={student.image_size}",
+    *shared,
+  ]
 
 
 def stage_commands(
-  config: str, workdir: str, student: str = "corr", extra: Sequence[str] = ()
+  config: str,
+  workdir: str,
+  student: str = "corr",
+  extra: Sequence[str] = (),
+  teacher: str = "agent",
 ) -> list[tuple[str, list[str]]]:
-  """[(stage, command)] of the teacher's run and the student's; ValueError for a bad request."""
+  """[(stage, command)] of the teacher's run (none for a finished run's PATH) and the student's;
+  ValueError for a bad request."""
   if student not in STUDENTS:
     raise ValueError(unknown_choice("--student", student, STUDENTS))
+  kind = teacher_kind(teacher)
   path, _, args = config.partition(":")
   given = [a.split("=", 1)[0].strip() for a in args.split(",") if a.strip()]
   clash = sorted(set(given) & set(_OWN_ARGS))
@@ -62,25 +129,32 @@ def stage_commands(
     if flag.split("=", 1)[0] in ("--config.mode", "--config.agent_init_from", "--workdir"):
       raise ValueError(f"{flag}: this command sets it for each stage; drop it")
   path = os.path.abspath(path)  # The stages run from the caller's directory, as given.
-  teacher, pupil = stage_dirs(workdir)
+  teacher_dir, pupil = stage_dirs(workdir, teacher)
 
   def spec(stage_args: str) -> str:
     return f"{path}:{','.join(a for a in (args, stage_args) if a)}"
 
   main = [sys.executable, "-m", "vitboot_jax.main"]
-  return [
-    ("teacher", [*main, f"--config={spec('mode=agent')}", f"--workdir={teacher}", *extra]),
+  student_args = STUDENTS[student] + ("" if kind == "agent" else f",teacher_cnn={kind}")
+  stages: list[tuple[str, list[str]]] = [
     (
       "student",
       [
         *main,
-        f"--config={spec(STUDENTS[student])}",
+        f"--config={spec(student_args)}",
         f"--workdir={pupil}",
-        f"--config.agent_init_from={teacher}",
+        f"--config.agent_init_from={teacher_dir}",
         *extra,
       ],
     ),
   ]
+  if teacher == "agent":
+    own = [f"--config={spec('mode=agent')}", f"--workdir={teacher_dir}", *extra]
+  elif teacher in RESNETS:
+    own = _resnet_stage(config, teacher, teacher_dir, extra)
+  else:
+    return stages  # A finished run teaches: nothing to train first.
+  return [("teacher", [*main, *own]), *stages]
 
 
 def _top1(workdir: str, model: str) -> str:
@@ -92,25 +166,28 @@ def _top1(workdir: str, model: str) -> str:
     return "unknown (no final.json)"
 
 
-def summary_line(workdir: str) -> str:
+def summary_line(workdir: str, teacher_arg: str = "agent") -> str:
   """The last line: both stages' top-1 on the evaluation split and what to run next."""
-  teacher, pupil = stage_dirs(workdir)
-  split = workdir_rules.saved_config(pupil).get("data", {}).get("eval_split", "test")
+  teacher, pupil = stage_dirs(workdir, teacher_arg)
+  recorded = workdir_rules.saved_config(pupil)
+  split = recorded.get("data", {}).get("eval_split", "test")
+  cnn = recorded.get("cnn", {}).get("name")  # Set in joint mode where a CNN is the teacher.
+  model, label = ("cnn", cnn) if cnn else ("agent", "agent")
   tool = lambda name, *args: shlex.join([sys.executable, "-m", f"vitboot_jax.tools.{name}", *args])
   predict = tool("predict", f"--workdir={pupil}") + " IMAGE_OR_FOLDER..."
   export = tool("export", f"--workdir={pupil}", "--format=timm", "--output=vit.safetensors")
   return (
-    f"teach: top-1 on {split!r}: teacher (agent) {_top1(teacher, 'agent')}, student (ViT) "
+    f"teach: top-1 on {split!r}: teacher ({label}) {_top1(teacher, model)}, student (ViT) "
     f"{_top1(pupil, 'vit')}; classify images: {predict}; export: {export}"
   )
 
 
-def _parse(argv: Sequence[str]) -> tuple[str, str, str, list[str]]:
-  values: dict[str, str] = {"student": "corr"}
+def _parse(argv: Sequence[str]) -> tuple[str, str, str, list[str], str]:
+  values: dict[str, str] = {"student": "corr", "teacher": "agent"}
   extra = []
   for arg in argv:
     name, _, value = arg.partition("=")
-    if name in ("--config", "--workdir", "--student"):
+    if name in ("--config", "--workdir", "--student", "--teacher"):
       values[name.removeprefix("--")] = value
     elif name.startswith("--config."):
       extra.append(arg)
@@ -119,13 +196,13 @@ def _parse(argv: Sequence[str]) -> tuple[str, str, str, list[str]]:
   for name in ("config", "workdir"):
     if not values.get(name):
       cli.fail(f"--{name} is required; usage: {USAGE}")
-  return values["config"], values["workdir"], values["student"], extra
+  return values["config"], values["workdir"], values["student"], extra, values["teacher"]
 
 
 def main(argv: Sequence[str]) -> int:
-  config, workdir, student, extra = _parse(argv)
+  config, workdir, student, extra, teacher = _parse(argv)
   try:
-    stages = stage_commands(config, workdir, student, extra)
+    stages = stage_commands(config, workdir, student, extra, teacher)
   except ValueError as error:
     cli.fail(str(error))
   for stage, command in stages:
@@ -141,7 +218,7 @@ def main(argv: Sequence[str]) -> int:
         flush=True,
       )
       return code
-  print(summary_line(workdir), flush=True)
+  print(summary_line(workdir, teacher), flush=True)
   return 0
 
 
