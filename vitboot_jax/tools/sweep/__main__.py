@@ -39,6 +39,9 @@ reads the results into tables and figures; this module is the command line):
     counted before any run: docs/results.md), and the same rows with recipe=deit (DeiT's
     augmentation and regularisation). Its report adds each row's training FLOPs
     (tools/train_compute.py, the teacher's run apart) and ROOT/compute.png.
+  * baseline, teachers: the small-data study (the ViT alone's screening grid G1-G7 and the agent,
+    100 epochs), validation held out. paper_schedule_240: the 8x8-token rung's ViT, agent, joint
+    and shared at the paper's 240 epochs (issue 83; on a GPU: launch/gpu_small_data.py).
   The replication tables read the CIFAR-10 image folder --data_dir and evaluate every epoch.
 
 Every (row, seed) trains into ROOT/<run>_seed<S>, where <run> is the replication row's name or,

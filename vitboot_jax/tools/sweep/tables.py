@@ -282,6 +282,31 @@ _TABLES += (
     compute=True,
   ),
 )
+# The paper's 240-epoch schedule at the 8x8-token rung (issue 83): does the claim hold when the
+# rows train as long as the paper trains? The official recipe, every switch off; validation held
+# out as the baseline's. On a GPU: launch/gpu_small_data.py (the carried folder of these images).
+_TABLES += (
+  Table(
+    "paper_schedule_240",
+    "The paper's 240 epochs at 8x8 tokens: ViT, agent, joint, shared (official recipe, 5,000 imgs)",
+    study_rows.replication_rows("configs/quickstart.py", ("vit", "agent", "joint", "shared_align")),
+    root="workdirs/paper_schedule_240",
+    note_header="description",
+    seeds=(0, 1),
+    epochs=240,
+    data_folder=True,
+    overrides=("--config.eval_every_epochs=10", *study_rows.VALIDATION),
+    reference="vit",
+  ),
+)
+
+
+def baseline_rows(init: str) -> tuple[Row, ...]:
+  """The baseline table's rows with the augmentation rows (G5-G7) on `init`: the init G3/G4's
+  winner chose ("official" or "standard"); launch/gpu_small_data.py picks it on validation."""
+  return study_rows.baseline_rows("configs/quickstart.py", init)
+
+
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
 PAPER_TABLES = tuple(t.name for t in _TABLES if t.paper)
 
