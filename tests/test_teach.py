@@ -73,17 +73,25 @@ def test_the_last_line_gives_both_top1s_and_runnable_next_commands(tmp_path):
 def test_teach_runs_both_stages_and_resumes_after_a_kill(image_folder, tmp_path):
   workdir = tmp_path / "teach"
   student = workdir / "student"
-  proc = subprocess.Popen(
-    _teach(workdir, image_folder), env=runs.env(1), stderr=subprocess.PIPE, text=True
-  )
-  deadline = time.monotonic() + 900
-  while not workdir_rules.has_checkpoint(student) and proc.poll() is None:
-    assert time.monotonic() < deadline, "the student never saved a checkpoint"
-    time.sleep(0.5)
-  proc.send_signal(signal.SIGTERM)  # Mid-student: the stage saves and stops, and so does teach.
-  _, stderr = proc.communicate(timeout=300)
-  assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-  assert "run the same command to go on" in stderr
+
+  def stopped_once(stage_dir):
+    """Runs teach until `stage_dir` holds a checkpoint, then SIGTERM: the stage saves and stops,
+    and so does teach."""
+    proc = subprocess.Popen(
+      _teach(workdir, image_folder), env=runs.env(1), stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 900
+    while not workdir_rules.has_checkpoint(stage_dir) and proc.poll() is None:
+      assert time.monotonic() < deadline, f"{stage_dir} never saved a checkpoint"
+      time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "run the same command to go on" in stderr
+
+  stopped_once(workdir / "teacher")  # Mid-teacher: no student yet.
+  assert not (workdir / "teacher" / "final.json").exists() and not student.exists()
+  stopped_once(student)  # Mid-student: the teacher finished first.
   assert (workdir / "teacher" / "final.json").exists()
   assert not (student / "final.json").exists()
 
@@ -98,7 +106,7 @@ def test_teach_runs_both_stages_and_resumes_after_a_kill(image_folder, tmp_path)
   assert recorded["mode"] == "joint" and recorded["agent_frozen"]
   assert recorded["loss"]["feature_loss"] == "corr"
   teacher_launches = (workdir / "teacher" / "launches.jsonl").read_text().splitlines()
-  assert len(teacher_launches) == 1  # The finished teacher was not trained again.
+  assert len(teacher_launches) == 2  # Resumed once, then never trained again once finished.
 
   # The commands print as they run, the interpreter first; the last line sums the two up.
   lines = again.stdout.strip().splitlines()
