@@ -359,3 +359,25 @@ def test_the_baseline_table_chooses_on_validation_never_on_test(tmp_path):
   assert "Chosen on validation, never on the test split: **base_hygiene** (55.10" in text
   assert "so far: 4 of 7 rows have finished." in text
   assert sweep_report.plot_validation(report, tmp_path) == tmp_path / "validation.png"
+
+
+def test_the_seed_methods_table_adds_one_switch_to_the_winner():
+  """Fixed before its runs: the grid's winner (its seed-0 run reused at the grid's schedule), and
+  mimetic init, impulse-3 init and DrLoc each on top of it, every config valid."""
+  table = sweep_tables.baseline_methods_table("aug_medium")
+  winner, *methods = table.rows
+  grid = {r.name: r for r in sweep_tables.rows("baseline")}
+  assert (
+    winner.run_name == grid["aug_medium"].run_name and winner.config == grid["aug_medium"].config
+  )
+  assert [r.name for r in methods] == ["mimetic", "impulse3", "drloc"]
+  for row in methods:
+    assert row.overrides == grid["aug_medium"].overrides
+    assert row.config.startswith(grid["aug_medium"].config.split(",randaug")[0].split(":")[0])
+    configlib.validate(_config(row.config))
+  assert _config(methods[0].config).model.init == "mimetic"
+  assert _config(methods[2].config).drloc.weight == sweep_tables.study_rows.DRLOC_LAMBDA
+  std = sweep_tables.baseline_methods_table("base_hygiene_std", epochs=200)
+  assert std.rows[0].run_name == "base_hygiene_std_e200"  # Another schedule: a run of its own.
+  assert ",epochs=200," in std.rows[1].config and "init=standard" not in std.rows[1].config
+  assert table.root == sweep_tables.TABLES["baseline"].root and table.seeds == (0, 1)

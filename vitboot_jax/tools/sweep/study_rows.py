@@ -315,3 +315,32 @@ def baseline_rows(config: str, init: str = BASELINE_INIT) -> tuple[Row, ...]:
       for i, (level, args) in enumerate(AUGMENTATION.items())
     ),
   )
+
+
+# The seeds' own methods on the chosen baseline (issue 81, item 5), fixed before their runs: the
+# grid's winner, then the same with mimetic init, impulse-3 init and DrLoc (DRLOC_LAMBDA, the
+# DrLoc paper's value for a ViT's grid of our size). Registered as the table `baseline_methods`
+# once tables.BASELINE_WINNER names the winner.
+SEED_METHODS = {
+  "mimetic": "init=mimetic",
+  "impulse3": "init=impulse3",
+  "drloc": f"drloc={DRLOC_LAMBDA:g}",
+}
+
+
+def seed_method_rows(winner: Row, epochs: int = BASELINE_EPOCHS) -> tuple[Row, ...]:
+  """The winner at `epochs` (the grid's run of it reused at the grid's schedule), and one row per
+  seed method: the winner's config with that one switch (an init replaces the winner's)."""
+  path, _, args = winner.config.partition(":")
+  kept = [f"epochs={epochs}" if a.startswith("epochs=") else a for a in args.split(",") if a]
+  base_run = winner.run_name if epochs == BASELINE_EPOCHS else f"{winner.name}_e{epochs}"
+
+  def row(name: str, own: list[str], note: str, run: str) -> Row:
+    return Row(name, f"{path}:{','.join(own)}", winner.models, note, winner.overrides, run=run)
+
+  rows = [row(winner.name, kept, "the baseline (the grid's winner)", base_run)]
+  for name, switch in SEED_METHODS.items():
+    key = switch.split("=")[0]
+    own = [a for a in kept if not a.startswith(f"{key}=")] + [switch]
+    rows.append(row(name, own, f"the baseline + {switch}", f"{name}_e{epochs}"))
+  return tuple(rows)

@@ -301,12 +301,40 @@ _TABLES += (
 )
 
 
+# The grid's winner by its rule (docs/results.md) and the schedule item 4 chose: set once the
+# grid has ended; the seeds' methods then run on it (table baseline_methods).
+BASELINE_WINNER: str | None = None
+BASELINE_SCHEDULE = study_rows.BASELINE_EPOCHS
+
+
+def baseline_methods_table(winner: str, epochs: int = BASELINE_SCHEDULE) -> Table:
+  """The baseline with the seeds' methods (study_rows.seed_method_rows), 2 seeds, in the grid's
+  root, so the winner's seed 0 is the grid's own run at the grid's schedule."""
+  grid = TABLES_BY_NAME["baseline"]
+  row = next(r for r in grid.rows if r.name == winner)
+  return Table(
+    "baseline_methods",
+    f"The seeds' methods on the baseline ({winner}, {epochs} epochs): mimetic, impulse-3, DrLoc",
+    study_rows.seed_method_rows(row, epochs),
+    root=grid.root,
+    note_header="description",
+    seeds=(0, 1),
+    data_folder=True,
+    overrides=grid.overrides,
+    reference=winner,
+    compute=True,
+  )
+
+
 def baseline_rows(init: str) -> tuple[Row, ...]:
   """The baseline table's rows with the augmentation rows (G5-G7) on `init`: the init G3/G4's
   winner chose ("official" or "standard"); launch/gpu_small_data.py picks it on validation."""
   return study_rows.baseline_rows("configs/quickstart.py", init)
 
 
+TABLES_BY_NAME = {t.name: t for t in _TABLES}
+if BASELINE_WINNER:
+  _TABLES += (baseline_methods_table(BASELINE_WINNER),)
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
 PAPER_TABLES = tuple(t.name for t in _TABLES if t.paper)
 
