@@ -172,12 +172,14 @@ def test_a_finished_run_teaches_without_a_first_stage(tmp_path):
   with pytest.raises(ValueError, match="neither agent, resnet20, resnet32, resnet56 nor"):
     teach.stage_commands(runs.TINY, str(tmp_path / "w"), teacher=str(tmp_path / "nothing"))
   # The last line names the CNN and reads its top-1.
-  (run / "final.json").write_text(json.dumps({"top1_cnn": 0.7}))
+  (run / "final.json").write_text(json.dumps({"top1_cnn": 0.7, "val_top1_cnn": 0.71}))
   (tmp_path / "w" / "student").mkdir(parents=True)
   student = {"data": {"eval_split": "test"}, "cnn": {"name": "resnet56"}}
   (tmp_path / "w" / "student" / "config.json").write_text(json.dumps(student))
   line = teach.summary_line(str(tmp_path / "w"), str(run))
-  assert line.startswith("teach: top-1 on 'test': teacher (resnet56) 70.00%, student (ViT) unknown")
+  assert line.startswith(
+    "teach: top-1 on 'test': teacher (resnet56) 70.00% (validation 71.00%), student (ViT) unknown"
+  )
 
 
 @pytest.mark.slow

@@ -158,12 +158,15 @@ def stage_commands(
 
 
 def _top1(workdir: str, model: str) -> str:
-  """A finished stage's top-1 of `model` (final.json), as the progress lines give it."""
+  """A finished stage's top-1 of `model` (final.json), as the progress lines give it, with its
+  validation top-1 where the run held a validation split."""
   try:
     final = json.loads((pathlib.Path(workdir) / workdir_rules.FINAL_FILE).read_text())
-    return f"{100 * final[f'top1_{model}']:.2f}%"
+    top1 = f"{100 * final[f'top1_{model}']:.2f}%"
   except (OSError, ValueError, KeyError):
     return "unknown (no final.json)"
+  val = final.get(f"val_top1_{model}")
+  return top1 if val is None else f"{top1} (validation {100 * val:.2f}%)"
 
 
 def summary_line(workdir: str, teacher_arg: str = "agent") -> str:
