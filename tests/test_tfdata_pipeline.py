@@ -338,7 +338,8 @@ def tfds_dir(tmp_path_factory):
 @pytest.mark.slow
 def test_tfds_prepared_dataset(tfds_dir):
   config = make_config(tfds_dir, name="vitboot_tiny_images", train_fraction=0.5)
-  assert tfdata_pipeline.dataset_info(config) == splits.DatasetInfo(15, 21, 3, 2, CLASSES)
+  want = splits.DatasetInfo(15, 21, 3, 2, CLASSES, num_train_split=30)
+  assert tfdata_pipeline.dataset_info(config) == want
   labels = tfdata_pipeline.split_labels(config, "train")  # tfds stores examples shuffled.
   expected = splits.subset_indices(labels, 0.5)
   full = take(tfdata_pipeline.train_batches(config), 6)
