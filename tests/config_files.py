@@ -27,3 +27,20 @@ def load_config(spec: str, arg: str | None = None):
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+def apply_flags(config, flags):
+  """--config.a.b=v flags onto `config`, typed as the field (what main's config flags do)."""
+  for flag in flags:
+    key, _, value = flag.removeprefix("--config.").partition("=")
+    *groups, field = key.split(".")
+    node = config
+    for g in groups:
+      node = node[g]
+    old = node[field]
+    if isinstance(old, bool):
+      value = value == "True"
+    elif old is not None:
+      value = type(old)(value)
+    node[field] = value
+  return config

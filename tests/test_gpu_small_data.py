@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.config_files import load_config
+from tests.config_files import apply_flags, load_config
 from vitboot_jax import configlib
 from vitboot_jax.base import errors
 from vitboot_jax.data import read_folders, splits
@@ -109,23 +109,6 @@ def test_the_carried_cifar10_is_the_papers_subset_and_its_held_out_images(cifar1
     assert (cifar10_dir / "train" / name).read_bytes() == (train_listing | val_listing)[name]
 
 
-def _apply(config, flags):
-  """--config.a.b=v flags onto `config`, typed as the field (what main's config flags do)."""
-  for flag in flags:
-    name, _, value = flag.removeprefix("--config.").partition("=")
-    *groups, field = name.split(".")
-    node = config
-    for g in groups:
-      node = node[g]
-    old = node[field]
-    if isinstance(old, bool):
-      value = value == "True"
-    elif old is not None:
-      value = type(old)(value)
-    node[field] = value
-  return config
-
-
 def _dry(item, root, *flags):
   proc = subprocess.run(
     [sys.executable, "launch/gpu_small_data.py", item, str(root), "--dry", *flags],
@@ -157,7 +140,7 @@ def _checked(args, data):
   assert args[:3] == ["python", "-m", "vitboot_jax.main"]
   spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
   table = load_config(spec)
-  config = _apply(load_config(spec), [a for a in args if a.startswith("--config.")])
+  config = apply_flags(load_config(spec), [a for a in args if a.startswith("--config.")])
   configlib.validate(config, num_devices=1)
   changed = {
     f"{group}.{k}" if group else k

@@ -9,30 +9,13 @@ import tarfile
 
 import numpy as np
 
-from tests.config_files import load_config
+from tests.config_files import apply_flags, load_config
 from vitboot_jax import configlib
 from vitboot_jax.data import read_npz
 from vitboot_jax.tools.sweep import tables as sweep_tables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ROWS = ["vit", "agent", "joint", "shared_align", "shared_noalign"]
-
-
-def _apply(config, flags):
-  """--config.a.b=v flags onto `config`, typed as the field (what main's config flags do)."""
-  for flag in flags:
-    key, _, value = flag.removeprefix("--config.").partition("=")
-    *groups, field = key.split(".")
-    node = config
-    for g in groups:
-      node = node[g]
-    old = node[field]
-    if isinstance(old, bool):
-      value = value == "True"
-    elif old is not None:
-      value = type(old)(value)
-    node[field] = value
-  return config
 
 
 def _launch(root, epochs, npz_dir, **env):
@@ -64,7 +47,7 @@ def test_rows_are_the_papers_vits_configs_on_the_device_pipeline(tmp_path):
     spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
     assert spec.startswith("configs/vits_cifar10.py:mode="), spec
     paper = load_config(spec)
-    config = _apply(load_config(spec), [a for a in args if a.startswith("--config.")])
+    config = apply_flags(load_config(spec), [a for a in args if a.startswith("--config.")])
     configlib.validate(config, num_devices=1)
     # The recipe unchanged: only the data, the epochs, the seed and the evaluation cadence differ.
     changed = {
@@ -113,7 +96,7 @@ def test_another_tables_rows_run_the_same_way_and_must_be_named(tmp_path):
   for args in commands:
     spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
     assert spec.startswith("configs/cifar10_tokens16.py:mode="), spec
-    config = _apply(load_config(spec), [a for a in args if a.startswith("--config.")])
+    config = apply_flags(load_config(spec), [a for a in args if a.startswith("--config.")])
     configlib.validate(config, num_devices=1)
     assert config.model.patch_size == 2 and config.num_epochs == 10
     assert config.data.pipeline == "device" and config.data.name == "npz"
@@ -133,7 +116,7 @@ def test_the_helps_rows_run_at_224_px_with_their_teacher(tmp_path):
   for args in commands:
     spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
     assert spec.startswith("configs/vits_cifar10.py:mode="), spec
-    config = _apply(load_config(spec), [a for a in args if a.startswith("--config.")])
+    config = apply_flags(load_config(spec), [a for a in args if a.startswith("--config.")])
     configlib.validate(config, num_devices=1)
     assert (config.image_size, config.model.embed_dim, config.num_epochs) == (224, 288, 40)
     assert config.data.pipeline == "device" and config.data.dir == str(npz_dir)
@@ -197,7 +180,7 @@ def test_the_recipe_rows_run_at_224_px_with_their_recipe_teacher(tmp_path):
   for args in commands:
     spec = next(a for a in args if a.startswith("--config=")).removeprefix("--config=")
     assert spec.startswith("configs/vits_cifar10.py:mode=") and spec.endswith("recipe=deit")
-    config = _apply(load_config(spec), [a for a in args if a.startswith("--config.")])
+    config = apply_flags(load_config(spec), [a for a in args if a.startswith("--config.")])
     configlib.validate(config, num_devices=1)
     assert (config.image_size, config.num_epochs, config.mix.cutmix_alpha) == (224, 40, 1.0)
     if config.agent_frozen:

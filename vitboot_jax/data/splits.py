@@ -150,6 +150,19 @@ def _held_out_counts(
   return counts
 
 
+def _held_out_split(
+  config: ml_collections.ConfigDict,
+  labels: np.ndarray,
+  file_names: np.ndarray | None,
+  class_names: tuple[str, ...],
+) -> tuple[np.ndarray, np.ndarray]:
+  """(training rows, held-out rows): the first and the last of each class in the subset order."""
+  orders = _class_orders(labels, file_names)
+  counts = _held_out_counts(config, orders, class_names)
+  train = _sorted([m[:k] for m, (k, _) in zip(orders, counts)])
+  return train, _sorted([m[len(m) - v :] for m, (_, v) in zip(orders, counts)])
+
+
 def training_rows(
   config: ml_collections.ConfigDict,
   labels: np.ndarray,
@@ -166,9 +179,7 @@ def training_rows(
   """
   if not holds_out(config):
     return subset_indices(labels, config.data.train_fraction, file_names)
-  orders = _class_orders(labels, file_names)
-  counts = _held_out_counts(config, orders, class_names)
-  out = _sorted([m[:k] for m, (k, _) in zip(orders, counts)])
+  out, _ = _held_out_split(config, labels, file_names, class_names)
   if out.size == 0:
     raise errors.ConfigError(
       f"config.data.train_fraction={config.data.train_fraction} with "
@@ -187,9 +198,7 @@ def validation_rows(
   the training split (training_rows), or every example of a split of their own."""
   if not holds_out(config):
     return np.arange(np.asarray(labels).size, dtype=np.int64)
-  orders = _class_orders(labels, file_names)
-  counts = _held_out_counts(config, orders, class_names)
-  return _sorted([m[len(m) - v :] for m, (_, v) in zip(orders, counts)])
+  return _held_out_split(config, labels, file_names, class_names)[1]
 
 
 def part_rows(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from typing import Any
 
 import ml_collections
@@ -74,8 +75,6 @@ def from_data(config: ml_collections.ConfigDict) -> None:
   recorded so in config.json): config.data.val_split="auto" becomes an image folder's "val"
   where ROOT/val exists, else "held_out"; config.data.num_classes=0 becomes the count of the
   image folder's class folders or of the .npz's classes."""
-  import os
-
   from vitboot_jax.data import read_folders, read_npz
 
   root, train_split = config.data.dir, config.data.train_split

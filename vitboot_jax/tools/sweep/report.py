@@ -480,6 +480,30 @@ def plot_curves(table: Table, s: Settings, seed: int) -> epath.Path | None:
     return None
 
 
+def _pyplot(what: str):
+  """matplotlib's pyplot on the Agg backend, or None (with a warning) where it is missing."""
+  try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+  except ModuleNotFoundError as error:
+    print(f"warning: no {what} figure: {error}", file=sys.stderr)
+    return None
+  return plt
+
+
+def _save(plt, figure, axes, title: str, path: epath.Path) -> epath.Path:
+  """The report figures' title, grid and legend beside the axes, written to `path`."""
+  axes.set_title(title, fontsize=9)
+  axes.grid(alpha=0.3)
+  axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+  figure.tight_layout()
+  figure.savefig(str(path), dpi=120)
+  plt.close(figure)
+  return path
+
+
 def plot_compute(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
   """ROOT/compute.png: every finished seed's final ViT top-1 against its training PFLOPs, the
   teacher's run drawn apart (a line from the row's own compute to its total); None if none."""
@@ -491,13 +515,8 @@ def plot_compute(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
   ]
   if not points:
     return None
-  try:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-  except ModuleNotFoundError as error:
-    print(f"warning: no compute figure: {error}", file=sys.stderr)
+  plt = _pyplot("compute")
+  if plt is None:
     return None
   figure, axes = plt.subplots(figsize=(8, 5))
   styles = {}  # Ten colours, then a new marker: past ten rows no two look alike.
@@ -513,14 +532,7 @@ def plot_compute(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
       axes.scatter([own], [top1], color=colour, marker="|", zorder=3)
   axes.set_xlabel("training compute, PFLOPs (dotted: the teacher's run)")
   axes.set_ylabel("ViT final top-1 (%)")
-  axes.set_title(report["title"], fontsize=9)
-  axes.grid(alpha=0.3)
-  axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-  path = root / COMPUTE
-  figure.tight_layout()
-  figure.savefig(str(path), dpi=120)
-  plt.close(figure)
-  return path
+  return _save(plt, figure, axes, report["title"], root / COMPUTE)
 
 
 def plot_validation(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
@@ -537,13 +549,8 @@ def plot_validation(report: dict[str, Any], root: epath.Path) -> epath.Path | No
       curves[r["name"]] = sorted((e, statistics.fmean(v)) for e, v in by_epoch.items())
   if not curves:
     return None
-  try:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-  except ModuleNotFoundError as error:
-    print(f"warning: no validation figure: {error}", file=sys.stderr)
+  plt = _pyplot("validation")
+  if plt is None:
     return None
   figure, axes = plt.subplots(figsize=(8, 5))
   for n, (name, points) in enumerate(curves.items()):
@@ -551,14 +558,7 @@ def plot_validation(report: dict[str, Any], root: epath.Path) -> epath.Path | No
     axes.plot(epochs, top1, color=f"C{n % 10}", ls="-:"[(n // 10) % 2], label=name)
   axes.set_xlabel("epoch")
   axes.set_ylabel("ViT validation top-1 (%), mean over seeds")
-  axes.set_title(report["title"], fontsize=9)
-  axes.grid(alpha=0.3)
-  axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-  path = root / VALIDATION
-  figure.tight_layout()
-  figure.savefig(str(path), dpi=120)
-  plt.close(figure)
-  return path
+  return _save(plt, figure, axes, report["title"], root / VALIDATION)
 
 
 def write_report(root: epath.Path, report: dict[str, Any]) -> None:
