@@ -194,9 +194,10 @@ class DeviceDataset:
     }
     arrays = [*train_arrays.values(), *(a for part in held.values() for a in part.values())]
     nbytes = sum(a.nbytes for a in arrays)
-    sizes = f"{len(labels)} train + {len(eval_labels)} eval images of {images.shape[1:]}"
-    if val is not None:
-      sizes = sizes.replace(" eval", f" eval + {len(val[1])} validation")
+    validation = "" if val is None else f" + {len(val[1])} validation"
+    sizes = (
+      f"{len(labels)} train + {len(eval_labels)} eval{validation} images of {images.shape[1:]}"
+    )
     device = mesh.devices.flat[0]
     check_fits(config, nbytes, sizes, device, free_bytes(device))
     self.info = DatasetInfo(
@@ -210,8 +211,6 @@ class DeviceDataset:
     )
     self.train = _replicate(train_arrays, mesh)
     self._held = {part: _replicate(a, mesh) for part, a in held.items()}
-    self.eval = self._held["eval"]
-    self.num_eval_batches = len(held["eval"]["label"]) // self.eval_batch_size
     logging.info("Dataset on the devices: %s, %.1f MiB per device.", sizes, nbytes / 2**20)
     size, batch_sharding = self.eval_batch_size, sharding.batch_sharded(mesh)
 

@@ -26,7 +26,8 @@ def data_fingerprint(config: ml_collections.ConfigDict, info: splits.DatasetInfo
   """
   name, train_split = config.data.name, config.data.train_split
   val_split = splits.validation_split(config)
-  split_names = list(dict.fromkeys((train_split, config.data.eval_split, val_split or train_split)))
+  named = (train_split, config.data.eval_split, *([val_split] if val_split else []))
+  split_names = list(dict.fromkeys(named))
   record: dict[str, Any] = {"name": name}
   if name == "folder":
     classes = tuple(read_folders.class_folders(config.data.dir, train_split, "train_split"))
@@ -58,7 +59,6 @@ def data_fingerprint(config: ml_collections.ConfigDict, info: splits.DatasetInfo
     steps_per_epoch=info.steps_per_epoch,
     summary=splits.describe(config, info),
   )
-  val_split = splits.validation_split(config)
   if val_split is not None:
     record["validation"] = {
       "split": val_split,
