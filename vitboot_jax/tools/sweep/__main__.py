@@ -39,8 +39,12 @@ reads the results into tables and figures; this module is the command line):
     counted before any run: docs/results.md), and the same rows with recipe=deit (DeiT's
     augmentation and regularisation). Its report adds each row's training FLOPs
     (tools/train_compute.py, the teacher's run apart) and ROOT/compute.png.
-  * baseline, teachers: the small-data study (the ViT alone's screening grid G1-G7 and the agent,
-    100 epochs), validation held out. paper_schedule_240: the 8x8-token rung's ViT, agent, joint
+  * baseline, teachers (and, once tables.py names the winners, baseline_methods and students):
+    the small-data study, validation held out, one root (workdirs/small_data) so that rows reuse
+    each other's runs: the ViT alone's screening grid G1-G7 at 100 epochs, the teachers (the agent,
+    ResNet-20 and -56), the seeds' methods on the winner, and the winner taught by the chosen
+    teachers with the ViT alone at their compute; each writes its report files under its own
+    prefix (ROOT/teachers_table.md, ...). paper_schedule_240: the 8x8-token rung's ViT, agent, joint
     and shared at the paper's 240 epochs (issue 83; on a GPU: launch/gpu_small_data.py).
   The replication tables read the CIFAR-10 image folder --data_dir and evaluate every epoch.
 
@@ -53,7 +57,7 @@ as subprocesses of `vitboot_jax.main`, all rows of the first seed before the nex
 with a final.json is skipped, an interrupted one resumes. --rows limits what runs and is
 printed (the table lists every row); --override adds a flag to every run alike.
 
-Where ROOT exists, ROOT/table.md and ROOT/table.json get per row and model the paper's top-1 and
+Where ROOT exists, ROOT/table.md and ROOT/table.json (under the table's prefix, if any) get per row and model the paper's top-1 and
 the mean and spread (sample std, min-max) of ours over the finished seeds, the epochs, the
 training wall time (sum over seeds of final.json's `train_seconds_this_run`: the training loop
 with its compilation and evaluations; marked (*) when a seed resumed, as it then counts only
@@ -162,7 +166,10 @@ def main(argv):
     validation = sweep_report.plot_validation(report, root)
     report["validation_figure"] = str(validation) if validation else None
     sweep_report.write_report(root, report)
-    print(f"# Wrote {root / sweep_report.TABLE_MD} and {root / sweep_report.TABLE_JSON}")
+    md, js = (
+      root / f"{table.files}{name}" for name in (sweep_report.TABLE_MD, sweep_report.TABLE_JSON)
+    )
+    print(f"# Wrote {md} and {js}")
   print(sweep_report.table_markdown(report))
   if stopped is not None:
     print(f"sweep: {stopped}", file=sys.stderr)

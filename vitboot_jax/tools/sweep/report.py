@@ -5,6 +5,7 @@ first seed's curves (ROOT/curves.png, tools/plot.py).
 
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import math
@@ -182,7 +183,11 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
   # A row that starts from a finished run's agent costs that run's training too.
   seconds = {e["run"]: e["train_seconds"] for e in out}
   resumed = {e["run"]: bool(e["seeds_resumed"]) for e in out}
+  # The strict reading counts a teacher's run in full for each of its students; the amortised one
+  # shares it among the table's runs that read it.
+  students = collections.Counter(e["teacher"] for e in {e["run"]: e for e in out}.values())
   for e in out:
+    e["teacher_shared_by"] = students[e["teacher"]] if e["teacher"] else 0
     e["train_seconds_with_teacher"] = e["train_seconds"] + seconds.get(e["teacher"], 0.0)
     e["compute_resumed"] = resumed[e["run"]] or resumed.get(e["teacher"], False)
   if table.reference:
@@ -278,6 +283,7 @@ def build_report(table: Table, s: Settings) -> dict[str, Any]:
     "run_codes": codes,
     "rows": entries,
     "chosen": chosen(table, entries),
+    "files": table.files,
     "curves": None,
   }
 
@@ -400,7 +406,7 @@ def table_markdown(report: dict[str, Any]) -> str:
   if compared:
     lines += ["", *reference_markdown(report, compared)]
   if report.get("curves"):
-    lines += ["", f"![curves of seed {report['seeds'][0]}]({CURVES})"]
+    lines += ["", f"![curves of seed {report['seeds'][0]}]({report.get('files', '')}{CURVES})"]
   return "\n".join(lines) + "\n"
 
 
@@ -419,7 +425,7 @@ def reference_markdown(report: dict[str, Any], compared: list[dict[str, Any]]) -
     "seed, and whether the row helps (more than twice the pooled std, in every seed). Compute: "
     "the row's training time summed over seeds, with its teacher's run where it reads one; "
     "where counted, first its training FLOPs a seed (tools/train_compute.py, the teacher's run "
-    "apart).",
+    "apart; where the table's rows share a teacher's run, its share amortised beside it).",
     "",
     "| row | "
     + " | ".join(f"epoch {float(e):g}" for e in epochs)
@@ -451,6 +457,9 @@ def reference_markdown(report: dict[str, Any], compared: list[dict[str, Any]]) -
     if pflops is not None:
       own, teacher_share = pflops
       counted = f"{own:.4f}" + (f" + {teacher_share:.4f} teacher" if teacher_share else "")
+      if teacher_share and r.get("teacher_shared_by", 0) > 1:
+        shared = r["teacher_shared_by"]
+        counted += f" (amortised over its {shared} students: {teacher_share / shared:.4f})"
       compute = f"{counted} PFLOPs; {compute}"
     lines.append(
       f"| {r['name']} | " + " | ".join(cells) + f" | {diff} | {per_seed} | {helps} | {compute} |"
@@ -469,7 +478,7 @@ def plot_curves(table: Table, s: Settings, seed: int) -> epath.Path | None:
   try:
     return plot.plot_runs(
       [wd for _, wd in found],
-      absolute(epath.Path(s.root)) / CURVES,
+      absolute(epath.Path(s.root)) / f"{table.files}{CURVES}",
       labels=[name for name, _ in found],
       title=f"{table.title}, seed {seed}",
     )
@@ -532,7 +541,7 @@ def plot_compute(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
       axes.scatter([own], [top1], color=colour, marker="|", zorder=3)
   axes.set_xlabel("training compute, PFLOPs (dotted: the teacher's run)")
   axes.set_ylabel("ViT final top-1 (%)")
-  return _save(plt, figure, axes, report["title"], root / COMPUTE)
+  return _save(plt, figure, axes, report["title"], root / f"{report.get('files', '')}{COMPUTE}")
 
 
 def plot_validation(report: dict[str, Any], root: epath.Path) -> epath.Path | None:
@@ -558,10 +567,10 @@ def plot_validation(report: dict[str, Any], root: epath.Path) -> epath.Path | No
     axes.plot(epochs, top1, color=f"C{n % 10}", ls="-:"[(n // 10) % 2], label=name)
   axes.set_xlabel("epoch")
   axes.set_ylabel("ViT validation top-1 (%), mean over seeds")
-  return _save(plt, figure, axes, report["title"], root / VALIDATION)
+  return _save(plt, figure, axes, report["title"], root / f"{report.get('files', '')}{VALIDATION}")
 
 
 def write_report(root: epath.Path, report: dict[str, Any]) -> None:
   root.mkdir(parents=True, exist_ok=True)
-  (root / TABLE_JSON).write_text(json.dumps(report, indent=2) + "\n")
-  (root / TABLE_MD).write_text(table_markdown(report))
+  (root / f"{report['files']}{TABLE_JSON}").write_text(json.dumps(report, indent=2) + "\n")
+  (root / f"{report['files']}{TABLE_MD}").write_text(table_markdown(report))

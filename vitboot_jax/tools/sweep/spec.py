@@ -42,6 +42,9 @@ class Table:
   data_folder: bool = False  # Pass the image folder --data_dir to every run.
   overrides: tuple[str, ...] = ()  # Flags of every run of this table.
   root: str = ""  # Default --root.
+  # Prefix of the report files in ROOT (table.md, table.json, curves.png, ...): tables that share a
+  # root, to read each other's runs, keep their reports apart.
+  files: str = ""
   # A row every other row's ViT is set against (difference, pooled std, per seed; sweep_report).
   reference: str | None = None
   # Report each row's training compute in FLOPs from its traced train step (tools/train_compute.py).

@@ -344,3 +344,104 @@ def seed_method_rows(winner: Row, epochs: int = BASELINE_EPOCHS) -> tuple[Row, .
     own = [a for a in kept if not a.startswith(f"{key}=")] + [switch]
     rows.append(row(name, own, f"the baseline + {switch}", f"{name}_e{epochs}"))
   return tuple(rows)
+
+
+# The teachers of the small-data study (issue 84), each trained alone on the same 5,000 images with
+# the baseline's validation split: the agent at the baseline's length with its official recipe, and
+# He et al.'s CIFAR ResNets with theirs (configs/cifar_resnet.py: 180 epochs here).
+TEACHERS = {
+  "agent_e100": (
+    f"configs/quickstart.py:mode=agent,epochs={BASELINE_EPOCHS}",
+    ("agent",),
+    f"the agent alone, its official recipe, {BASELINE_EPOCHS} epochs",
+  ),
+  "resnet20": (
+    "configs/cifar_resnet.py:model=resnet20",
+    ("cnn",),
+    "resnet20 alone, He et al.'s recipe",
+  ),
+  "resnet56": (
+    "configs/cifar_resnet.py:model=resnet56",
+    ("cnn",),
+    "resnet56 alone, He et al.'s recipe",
+  ),
+}
+# Each teacher's training epochs (of the same 4,992 images an epoch as the ViT's, batch 64 or 128).
+TEACHER_EPOCHS = {"agent_e100": BASELINE_EPOCHS, "resnet20": 180, "resnet56": 180}
+
+
+def teacher_rows(names: Sequence[str] = tuple(TEACHERS)) -> tuple[Row, ...]:
+  """The teachers named, each trained alone (its run is every student row's teacher)."""
+  return tuple(Row(n, TEACHERS[n][0], TEACHERS[n][1], TEACHERS[n][2], run=n) for n in names)
+
+
+# The ViT alone given a student row's whole compute (issue 84, item 5), the strict reading: the
+# student's 100 epochs of KD + the correlation hint (teacher frozen: its forward only) plus its
+# teacher's training run, in epochs of the ViT alone's step. Counted from the traced train steps
+# before any run (MACs an image: ViT 216.9M, student from the agent 395.2M, from ResNet-20 260.6M,
+# from ResNet-56 345.5M; agent alone 533.1M, ResNet-20 121.2M, ResNet-56 376.0M; tested).
+MATCHED_EPOCHS = {"agent_e100": 428, "resnet20": 221, "resnet56": 472}
+# The clipping every arm of a student comparison shares where the winner sets none itself (the
+# official ViT-alone arm's, configs/quickstart.py; the teacher arms have none there).
+STUDENT_CLIP = "--config.optim.clip_norm=0.1"
+STUDENTS = {
+  "corr": ("mode=joint,frozen=1,form=corr", "KD + the correlation hint"),
+  "kd": ("mode=joint,frozen=1,feature=0", "soft KD alone"),
+}
+
+
+def student_rows(winner: Row, teacher: str, other: str) -> tuple[Row, ...]:
+  """The students of the baseline (issue 84, items 4-6), fixed before their runs: the winner (its
+  grid run reused), both teachers (their runs reused), KD + the correlation hint from `teacher`
+  frozen in train mode and in evaluation mode, KD alone from it, the hint from `other`, the ViT
+  alone given the first student's compute with its teacher's run, and the paper's joint mode; each
+  on the winner's args and flags (its mode replaced), the same clipping in every arm."""
+  path, _, args = winner.config.partition(":")
+  kept = ",".join(a for a in args.split(",") if a and not a.startswith("mode="))
+  flags = winner.overrides
+  if not any(f.startswith(STUDENT_CLIP.split("=")[0] + "=") for f in flags):
+    flags += (STUDENT_CLIP,)
+
+  def student(kind: str, name: str, extra: str = "", note: str = "") -> Row:
+    mode, what = STUDENTS[kind]
+    cnn = "" if TEACHERS[name][1] == ("agent",) else f",teacher_cnn={name}"
+    config = f"{path}:{mode}{cnn},{kept}{extra}"
+    init = (f"--config.agent_init_from={{root}}/{name}_seed{{seed}}",)
+    run = f"{kind}_{name}" + ("_eval" if extra else "")
+    return Row(run, config, ("vit",), f"{what} from {name}, frozen{note}", flags + init, run=run)
+
+  matched = ",".join(
+    f"epochs={MATCHED_EPOCHS[teacher]}" if a.startswith("epochs=") else a for a in kept.split(",")
+  )
+  return (
+    Row(
+      winner.name,
+      winner.config,
+      ("vit",),
+      "the baseline: the grid's winner, the ViT alone",
+      winner.overrides,
+      run=winner.run_name,
+    ),
+    *teacher_rows((teacher, other)),
+    student("corr", teacher),
+    student("corr", teacher, ",teacher_eval=1", ", predicting in evaluation mode"),
+    student("kd", teacher),
+    student("corr", other),
+    Row(
+      f"vit_matched_{teacher}",
+      f"{path}:mode=vit,{matched}",
+      ("vit",),
+      f"the ViT alone, {MATCHED_EPOCHS[teacher]} epochs: corr_{teacher}'s compute with its "
+      "teacher's run",
+      winner.overrides,
+      run=f"vit_matched_{teacher}",
+    ),
+    Row(
+      "joint",
+      f"{path}:mode=joint,{kept}",
+      ("vit", "agent"),
+      "the paper's joint mode (ViT + agent trained together, official loss weights)",
+      flags,
+      run="joint",
+    ),
+  )

@@ -237,12 +237,15 @@ _TABLES += (
     compute=True,
   ),
 )
+# The small-data study's tables share one root, so that a row of one reads the runs of another
+# (the students' teachers, the winner's grid run) and reuses them; each writes its own report files.
+SMALL_DATA_ROOT = "workdirs/small_data"
 _TABLES += (
   Table(
     "baseline",
     "An honest ViT baseline, screened on validation (8x8 tokens, 5,000 images, 100 epochs)",
     study_rows.baseline_rows("configs/quickstart.py"),
-    root="workdirs/baseline",
+    root=SMALL_DATA_ROOT,
     note_header="description",
     seeds=(0,),
     data_folder=True,
@@ -254,27 +257,9 @@ _TABLES += (
   Table(
     "teachers",
     "Finished teachers, chosen on validation (5,000 images, 32 px)",
-    (
-      Row(
-        "agent_e100",
-        f"configs/quickstart.py:mode=agent,epochs={study_rows.BASELINE_EPOCHS}",
-        ("agent",),
-        "the agent alone, its official recipe, 100 epochs",
-        run="agent_e100",
-      ),
-      # He et al.'s CIFAR ResNets, their recipe (configs/cifar_resnet.py: 180 epochs here).
-      *(
-        Row(
-          name,
-          f"configs/cifar_resnet.py:model={name}",
-          ("cnn",),
-          f"{name} alone, He et al.'s recipe",
-          run=name,
-        )
-        for name in ("resnet20", "resnet56")
-      ),
-    ),
-    root="workdirs/teachers",
+    study_rows.teacher_rows(),
+    root=SMALL_DATA_ROOT,
+    files="teachers_",
     note_header="description",
     seeds=(0, 1),
     data_folder=True,
@@ -317,6 +302,34 @@ def baseline_methods_table(winner: str, epochs: int = BASELINE_SCHEDULE) -> Tabl
     f"The seeds' methods on the baseline ({winner}, {epochs} epochs): mimetic, impulse-3, DrLoc",
     study_rows.seed_method_rows(row, epochs),
     root=grid.root,
+    files="methods_",
+    note_header="description",
+    seeds=(0, 1),
+    data_folder=True,
+    overrides=grid.overrides,
+    reference=winner,
+    compute=True,
+  )
+
+
+# The teacher the teachers table chose by its rule (docs/results.md) and the other candidate: set
+# once both have finished; the students then run (table students).
+TEACHER: str | None = None
+OTHER_TEACHER: str | None = None
+
+
+def students_table(winner: str, teacher: str, other: str) -> Table:
+  """The students of the baseline (study_rows.student_rows), 2 seeds, in the small-data root, so
+  the winner's and the teachers' runs are reused and each student's compute counts its teacher's
+  run (the same seed's)."""
+  grid = TABLES_BY_NAME["baseline"]
+  row = next(r for r in grid.rows if r.name == winner)
+  return Table(
+    "students",
+    f"Students of finished teachers on the baseline ({winner}): {teacher}, {other}, 5,000 images",
+    study_rows.student_rows(row, teacher, other),
+    root=grid.root,
+    files="students_",
     note_header="description",
     seeds=(0, 1),
     data_folder=True,
@@ -335,6 +348,8 @@ def baseline_rows(init: str) -> tuple[Row, ...]:
 TABLES_BY_NAME = {t.name: t for t in _TABLES}
 if BASELINE_WINNER:
   _TABLES += (baseline_methods_table(BASELINE_WINNER),)
+  if TEACHER and OTHER_TEACHER:
+    _TABLES += (students_table(BASELINE_WINNER, TEACHER, OTHER_TEACHER),)
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
 PAPER_TABLES = tuple(t.name for t in _TABLES if t.paper)
 

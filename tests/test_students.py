@@ -1,0 +1,141 @@
+"""The small-data study's students (issue 84, items 4-6): fixed before their runs, on the baseline
+grid's winner, in the root the grid and the teachers share, so their runs are reused and each
+student's compute counts its teacher's run."""
+
+import json
+import math
+
+import pytest
+
+from tests.config_files import load_config
+from vitboot_jax import configlib
+from vitboot_jax.tools.sweep import report as sweep_report
+from vitboot_jax.tools.sweep import runs as sweep_runs
+from vitboot_jax.tools.sweep import study_rows
+from vitboot_jax.tools.sweep import tables as sweep_tables
+
+
+def _command(table, row, seed=0, root="/r"):
+  s = sweep_runs.settings(table, root=root, seeds=[seed], data_dir="/d")
+  return sweep_runs.command(table, s, row, seed)
+
+
+def _row(table, name):
+  (row,) = [r for r in table.rows if r.name == name]
+  return row
+
+
+def test_the_study_shares_one_root_and_keeps_its_reports_apart():
+  names = ("baseline", "teachers")
+  tables = [sweep_tables.TABLES[n] for n in names]
+  methods = sweep_tables.baseline_methods_table("base_hygiene")
+  students = sweep_tables.students_table("base_hygiene", "resnet20", "agent_e100")
+  tables += [methods, students]
+  assert {t.root for t in tables} == {sweep_tables.SMALL_DATA_ROOT}
+  assert len({t.files for t in tables}) == len(tables)
+
+
+@pytest.mark.parametrize("winner", ["base_hygiene", "aug_medium"])
+def test_students_reuse_the_winner_and_teacher_runs_and_add_one_change_each(winner):
+  table = sweep_tables.students_table(winner, "resnet20", "agent_e100")
+  grid, teachers = sweep_tables.TABLES["baseline"], sweep_tables.TABLES["teachers"]
+  assert [r.name for r in table.rows] == [
+    winner,
+    "resnet20",
+    "agent_e100",
+    "corr_resnet20",
+    "corr_resnet20_eval",
+    "kd_resnet20",
+    "corr_agent_e100",
+    "vit_matched_resnet20",
+    "joint",
+  ]
+  # The same commands as the grid's and the teachers' runs: their records are reused.
+  assert _command(table, table.rows[0]) == _command(grid, _row(grid, winner))
+  for name in ("resnet20", "agent_e100"):
+    assert _command(table, _row(table, name)) == _command(teachers, _row(teachers, name))
+  assert len({r.run_name for r in table.rows}) == len(table.rows)
+  base = load_config(_row(grid, winner).config)
+  for row in table.rows[3:]:
+    config = load_config(row.config)
+    configlib.validate(config)
+    # The winner's recipe in every arm: its schedule (but the matched row's), init, augmentation.
+    assert config.data.to_dict() == base.data.to_dict() and config.mix == base.mix
+    for field in ("init", "drop_path"):
+      assert config.model[field] == base.model[field]
+    assert config.loss.label_smoothing == base.loss.label_smoothing
+    if row.name != "vit_matched_resnet20":
+      assert config.num_epochs == base.num_epochs
+    # One clipping rule: the winner's flags (HYGIENE's 1.0) reach every student.
+    assert "--config.optim.clip_norm=1.0" in _command(table, row)
+  corr = load_config(_row(table, "corr_resnet20").config)
+  assert (corr.mode, corr.agent_frozen, corr.cnn.name) == ("joint", True, "resnet20")
+  assert load_config(_row(table, "corr_resnet20_eval").config).agent_frozen_eval
+  assert not corr.agent_frozen_eval
+  assert load_config(_row(table, "kd_resnet20").config).loss.feature_vit == 0
+  assert load_config(_row(table, "corr_agent_e100").config).cnn.name != "resnet20"
+  assert "--config.agent_init_from=/r/resnet20_seed1" in _command(table, table.rows[3], seed=1)
+  assert "--config.agent_init_from=/r/agent_e100_seed0" in _command(table, table.rows[6])
+  assert sweep_tables.teacher_run(_row(table, "kd_resnet20")) == "resnet20"
+  matched = load_config(_row(table, "vit_matched_resnet20").config)
+  assert (matched.mode, matched.num_epochs) == ("vit", study_rows.MATCHED_EPOCHS["resnet20"])
+  joint = load_config(_row(table, "joint").config)
+  assert (joint.mode, joint.agent_frozen) == ("joint", False)
+
+
+def test_students_of_the_official_winner_clip_as_its_vit_alone_arm():
+  """G1's ViT-alone arm clips at 0.1 and the official teacher arms not at all: the students get
+  the ViT alone's clipping, so no arm of the comparison differs in it."""
+  table = sweep_tables.students_table("base_official", "agent_e100", "resnet56")
+  assert load_config(table.rows[0].config).optim.clip_norm == 0.1
+  for row in table.rows[3:]:
+    clip = [f for f in _command(table, row) if f.startswith("--config.optim.clip_norm=")]
+    assert clip in ([study_rows.STUDENT_CLIP], []) and (clip or row.name.startswith("vit_"))
+
+
+@pytest.mark.slow
+def test_the_matched_epochs_are_the_counted_ones():
+  """ceil((100 x the student's MACs an image + the teacher's epochs x its MACs) / the ViT's): the
+  strict reading, the teacher's run counted once per student."""
+  from vitboot_jax.tools import train_compute
+
+  def macs(config):
+    config = load_config(config).to_dict()
+    return train_compute._macs_per_image(json.dumps(config, sort_keys=True))
+
+  grid = sweep_tables.TABLES["baseline"]
+  vit = macs(_row(grid, "base_hygiene").config)
+  for teacher, other in (
+    ("agent_e100", "resnet20"),
+    ("resnet20", "resnet56"),
+    ("resnet56", "agent_e100"),
+  ):
+    table = sweep_tables.students_table("base_hygiene", teacher, other)
+    own = study_rows.BASELINE_EPOCHS * macs(_row(table, f"corr_{teacher}").config)
+    trained = study_rows.TEACHER_EPOCHS[teacher] * macs(_row(table, teacher).config)
+    assert load_config(_row(table, teacher).config).num_epochs == study_rows.TEACHER_EPOCHS[teacher]
+    assert study_rows.MATCHED_EPOCHS[teacher] == math.ceil((own + trained) / vit)
+
+
+def test_a_students_report_counts_its_teachers_run_and_writes_its_own_files(tmp_path):
+  table = sweep_tables.students_table("base_hygiene", "resnet20", "agent_e100")
+  s = sweep_runs.settings(table, root=str(tmp_path), seeds=[0])
+  for run, top1 in (("base_hygiene", 0.6), ("resnet20", 0.8), ("corr_resnet20", 0.65)):
+    wd = tmp_path / f"{run}_seed0"
+    wd.mkdir()
+    model = "cnn" if run == "resnet20" else "vit"
+    final = {"epochs": 100, "train_seconds_this_run": 10.0, f"top1_{model}": top1}
+    (wd / "final.json").write_text(json.dumps(final))
+  report = sweep_report.build_report(table, s)
+  by_name = {r["name"]: r for r in report["rows"]}
+  assert by_name["corr_resnet20"]["train_seconds_with_teacher"] == 20.0
+  assert by_name["corr_resnet20"]["vs_reference"]["per_seed"][0] == pytest.approx(5.0)
+  # Three students read resnet20's run: the amortised reading shares it among them.
+  assert by_name["corr_resnet20"]["teacher_shared_by"] == 3
+  assert by_name["corr_agent_e100"]["teacher_shared_by"] == 1
+  corr = by_name["corr_resnet20"]
+  corr["train_pflops"], corr["teacher_pflops"] = {0: 1.3}, {0: 0.6}
+  text = "\n".join(sweep_report.reference_markdown(report, [corr]))
+  assert "1.3000 + 0.6000 teacher (amortised over its 3 students: 0.2000) PFLOPs" in text
+  sweep_report.write_report(tmp_path, report)
+  assert (tmp_path / "students_table.md").exists() and not (tmp_path / "table.md").exists()
