@@ -373,10 +373,10 @@ class Launcher:
         why = proc.stderr.strip().splitlines()[-1:] if not ok else []
       except subprocess.TimeoutExpired:
         ok, why = False, ["timed out"]
-      table_root = pathlib.Path(job.root)
-      if (table_root / "table.md").exists():
-        markdown.append(f"## {name}\n\n" + (table_root / "table.md").read_text())
-        tables[name] = json.loads((table_root / "table.json").read_text())
+      md, js = (pathlib.Path(job.root) / f"{job.table.files}table.{x}" for x in ("md", "json"))
+      if md.exists():
+        markdown.append(f"## {name}\n\n" + md.read_text())
+        tables[name] = json.loads(js.read_text())
       self.say(f"table {name}: " + ("written" if ok else f"failed: {' '.join(why)}"))
     if len(names) > 1:  # One file each at ROOT's top, which device_pack.sh sends back.
       (root / "table.md").write_text("\n".join(markdown))

@@ -279,3 +279,20 @@ def test_the_carried_archive_is_unpacked_once(tmp_path):
   module.unpack_data(str(tmp_path / "small"))
   assert _listing(tmp_path / "small", "train") == listing
   module.unpack_data(str(tmp_path / "small"))  # Present: left alone.
+
+
+def test_the_tables_files_are_gathered_under_each_tables_prefix(tmp_path, monkeypatch):
+  """ROOT/table.md holds every table of the item, the teachers' read from their prefixed file."""
+  module = _launcher()
+  launcher = _fake_launcher(module, "small_data", tmp_path / "r", 30, {})
+  for job in launcher.jobs:
+    folder = pathlib.Path(job.root)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{job.table.files}table.md").write_text(f"rows of {job.table.name}\n")
+    (folder / f"{job.table.files}table.json").write_text(json.dumps({"t": job.table.name}))
+  done = subprocess.CompletedProcess([], 0, "", "")
+  monkeypatch.setattr(module.subprocess, "run", lambda *a, **k: done)
+  launcher.write_tables()
+  text = (tmp_path / "r" / "table.md").read_text()
+  assert "rows of baseline" in text and "rows of teachers" in text
+  assert json.loads((tmp_path / "r" / "table.json").read_text())["teachers"] == {"t": "teachers"}
