@@ -43,7 +43,7 @@ def agent_stem(kind: str) -> str:
 SWITCHES = dict(
   sam=0.0,
   attention="softmax",
-  init="official",
+  init=None,  # official unless a recipe sets its own; init= given always wins.
   drloc=0.0,
   taps="official",
   align="pcgrad",
@@ -75,9 +75,12 @@ SWITCHES = dict(
   drop_path=None,
 )
 
-# Labelled recipes (recipe=NAME): no paper row uses one. DeiT's (Touvron et al. 2021, its main.py
-# defaults for DeiT-S): RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25 ('pixel'), mixup
-# 0.8 and CutMix 1.0 (one a batch, switch probability 0.5), label smoothing 0.1, drop path 0.1.
+# Labelled recipes (recipe=NAME): no paper row uses one. Each sets the augmentation and
+# regularisation below (AUGMENT) and may set config.optim fields ("optim") and the ViT's init
+# ("init", unless init= is given). DeiT's (Touvron et al. 2021, its main.py defaults for DeiT-S):
+# RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25 ('pixel'), mixup 0.8 and CutMix 1.0 (one a
+# batch, switch probability 0.5), label smoothing 0.1, drop path 0.1.
+AUGMENT = ("randaug", "erase", "mixup", "cutmix", "smoothing", "drop_path")
 RECIPES = {
   "none": dict(randaug="", erase=0.0, mixup=0.0, cutmix=0.0, smoothing=0.0, drop_path=0.0),
   "deit": dict(
@@ -140,7 +143,7 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
   """
   c.sam.rho = 0.1 if arg.sam == 1 else arg.sam
   c.model.attention = arg.attention
-  c.model.init = arg.init
+  c.model.init = arg.init or "official"
   c.drloc.weight = arg.drloc
   c.agent.taps = arg.taps
   c.align = arg.align
@@ -170,15 +173,18 @@ def switches(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> No
 
 
 def recipe(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
-  """recipe=deit (RECIPES) and its parts alone: randaug=POLICY, erase=P, mixup=ALPHA, cutmix=ALPHA,
+  """recipe=NAME (RECIPES) and its parts alone: randaug=POLICY, erase=P, mixup=ALPHA, cutmix=ALPHA,
   smoothing=S, drop_path=R (the ViT's, and the agent's where the agent trains: not a frozen
-  teacher)."""
+  teacher); a recipe's optimizer fields and init too (init= given keeps its own)."""
   if arg.recipe not in RECIPES:
     raise ValueError(unknown_choice("recipe", arg.recipe, RECIPES))
   values = dict(RECIPES[arg.recipe])
-  for name in values:
+  for name in AUGMENT:
     if arg[name] is not None:
       values[name] = arg[name] if name == "randaug" else float(arg[name])
+  c.optim.update(values.get("optim", {}))
+  if arg.init is None and "init" in values:
+    c.model.init = values["init"]
   c.data.randaugment = values["randaug"]
   c.data.random_erase = values["erase"]
   c.mix.mixup_alpha = values["mixup"]

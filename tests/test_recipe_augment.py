@@ -153,6 +153,24 @@ def test_recipe_deit_sets_deits_values_and_each_part_overrides():
   assert not recipe_augment.enabled(off) and off.model.drop_path == 0 == off.agent.drop_path
 
 
+def test_a_recipe_with_optimizer_fields_and_init_is_the_same_config_as_its_flags(monkeypatch):
+  """A labelled recipe (the baseline's, once chosen) may carry optimizer fields and the ViT's
+  init: `recipe=NAME` gives the config its switches and --config flags give; init= still wins."""
+  from tests.config_files import apply_flags
+  from vitboot_jax.tools.sweep import study_rows
+
+  light = "rand-m5-mstd0.5-inc1"
+  optim = dict(warmup_epochs=5.0, decay_all=False, clip_norm=1.0)
+  aug = dict(randaug=light, erase=0.0, mixup=0.0, cutmix=0.0, smoothing=0.1, drop_path=0.05)
+  monkeypatch.setitem(common.RECIPES, "trial", dict(aug, optim=optim, init="standard"))
+  spec = "configs/quickstart.py:mode=vit,epochs=100"
+  recipe = load_config(f"{spec},recipe=trial")
+  flags = load_config(f"{spec},init=standard,randaug={light},smoothing=0.1,drop_path=0.05")
+  assert recipe.to_dict() == apply_flags(flags, study_rows.HYGIENE).to_dict()
+  assert load_config(f"{spec},recipe=trial,init=mimetic").model.init == "mimetic"
+  assert load_config(spec).model.init == "official"  # No recipe, no init=: the official one.
+
+
 @pytest.mark.parametrize(
   "field, value, needle",
   [
