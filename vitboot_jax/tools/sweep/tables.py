@@ -6,6 +6,7 @@ into tables and figures.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from vitboot_jax.tools.sweep import paper_results, study_rows
@@ -292,17 +293,17 @@ BASELINE_WINNER: str | None = None
 BASELINE_SCHEDULE = study_rows.BASELINE_EPOCHS
 
 
-def baseline_methods_table(winner: str, epochs: int = BASELINE_SCHEDULE) -> Table:
-  """The baseline with the seeds' methods (study_rows.seed_method_rows), 2 seeds, in the grid's
-  root, so the winner's seed 0 is the grid's own run at the grid's schedule."""
+def _on_the_winner(name: str, title: str, files: str, rows, winner: str) -> Table:
+  """A table of rows built on the grid's `winner` (rows(winner_row)), 2 seeds, in the grid's root
+  and with its flags, so the winner's grid run is reused; each row set against the winner."""
   grid = TABLES_BY_NAME["baseline"]
   row = next(r for r in grid.rows if r.name == winner)
   return Table(
-    "baseline_methods",
-    f"The seeds' methods on the baseline ({winner}, {epochs} epochs): mimetic, impulse-3, DrLoc",
-    study_rows.seed_method_rows(row, epochs),
+    name,
+    title,
+    rows(row),
     root=grid.root,
-    files="methods_",
+    files=files,
     note_header="description",
     seeds=(0, 1),
     data_folder=True,
@@ -310,6 +311,16 @@ def baseline_methods_table(winner: str, epochs: int = BASELINE_SCHEDULE) -> Tabl
     reference=winner,
     compute=True,
   )
+
+
+def baseline_methods_table(winner: str, epochs: int = BASELINE_SCHEDULE) -> Table:
+  """The baseline with the seeds' methods (study_rows.seed_method_rows), 2 seeds, in the grid's
+  root, so the winner's seed 0 is the grid's own run at the grid's schedule."""
+  title = (
+    f"The seeds' methods on the baseline ({winner}, {epochs} epochs): mimetic, impulse-3, DrLoc"
+  )
+  rows = functools.partial(study_rows.seed_method_rows, epochs=epochs)
+  return _on_the_winner("baseline_methods", title, "methods_", rows, winner)
 
 
 # The teacher the teachers table chose by its rule (docs/results.md) and the other candidate: set
@@ -322,21 +333,11 @@ def students_table(winner: str, teacher: str, other: str) -> Table:
   """The students of the baseline (study_rows.student_rows), 2 seeds, in the small-data root, so
   the winner's and the teachers' runs are reused and each student's compute counts its teacher's
   run (the same seed's)."""
-  grid = TABLES_BY_NAME["baseline"]
-  row = next(r for r in grid.rows if r.name == winner)
-  return Table(
-    "students",
-    f"Students of finished teachers on the baseline ({winner}): {teacher}, {other}, 5,000 images",
-    study_rows.student_rows(row, teacher, other),
-    root=grid.root,
-    files="students_",
-    note_header="description",
-    seeds=(0, 1),
-    data_folder=True,
-    overrides=grid.overrides,
-    reference=winner,
-    compute=True,
+  title = (
+    f"Students of finished teachers on the baseline ({winner}): {teacher}, {other}, 5,000 images"
   )
+  rows = functools.partial(study_rows.student_rows, teacher=teacher, other=other)
+  return _on_the_winner("students", title, "students_", rows, winner)
 
 
 def baseline_rows(init: str) -> tuple[Row, ...]:
