@@ -33,11 +33,10 @@ from vitboot_jax.base import cli
 from vitboot_jax.base.errors import unknown_choice
 from vitboot_jax.run import workdir_rules
 from vitboot_jax.tools.sweep import runs as sweep_runs
+from vitboot_jax.tools.sweep import study_rows
 
-STUDENTS = {
-  "corr": "mode=joint,frozen=1,form=corr",  # KD + the correlation hint (teacher_corr).
-  "kd": "mode=joint,frozen=1,feature=0",  # Soft KD alone (kd_teacher).
-}
+# The students' args (KD + the correlation hint, or soft KD alone): the study's, one definition.
+STUDENTS = {name: args for name, (args, _) in study_rows.STUDENTS.items()}
 # Args the stages set themselves; a user's value would be silently overridden.
 _OWN_ARGS = ("mode", "frozen", "teacher", "form", "feature", "teacher_cnn")
 USAGE = " ".join(line.strip() for line in __doc__.splitlines()[3:5]).replace("\\ ", "")
