@@ -1,15 +1,14 @@
 r"""What a run costs alone on this machine: its own train step and evaluations, timed here.
 
-  python -m vitboot_jax.tools.perf.run_cost WORKDIR [WORKDIR ...] [--steps=20] [--warmup=3]
-  python -m vitboot_jax.tools.perf.run_cost --config=configs/quickstart.py:ARGS [--config.F=V ...]
+  python -m vitboot_jax.tools.perf.run_cost WORKDIR [WORKDIR ...] [--steps=20] [--warmup=3] \
+    [--evaluations=1]
 
-For each WORKDIR (a run of ours, finished or not: its config.json), or for --config (a run not
-made yet: its command's --config flags, as a sweep prints them), the step train.py runs is built
-from that config (the teacher's or initial weights are not read: a step's time does not depend on
-them), and --steps of train.py's loop on the run's own data are timed (benchmark.time_loop:
-batches, transfer, step, logging). Each split the run evaluates (validation, then test) is
-evaluated twice: the first pass decodes, the second reads tf.data's cache, as every later
-evaluation of a run does. The run alone on this machine would take
+For each WORKDIR (a run of ours, finished or not: its config.json), the step train.py runs is
+built from the run's config as it ran (its teacher's weights are not read: a step's time does not
+depend on them), and --steps of train.py's loop on the run's own data are timed
+(benchmark.time_loop: batches, transfer, step, logging). Each split the run evaluates (validation,
+then test) is evaluated twice: the first pass decodes, the second reads tf.data's cache, as every
+later evaluation of a run does. The run alone on this machine would take
 
   idle_total_s = compile_s + total_steps x loop_step_s
                  + eval_s_first + (evaluations - 1) x eval_s
@@ -18,14 +17,14 @@ where total_steps and the evaluations (every eval interval and the last step) ar
 schedule; start-up and checkpoint saves are left out. Runs' own wall times (final.json's
 train_seconds_this_run) count only their last launch and include whatever shared the machine;
 this tool measures each run alone, so run it with nothing else running (pause other work with
-`kill -STOP PID`, resume it with `kill -CONT PID`). All runs given are timed in one process, so
-ratios between them are like for like.
+`kill -STOP PID`, resume it with `kill -CONT PID`). Workdirs sharing a step share one timing
+process, so ratios between them are like for like.
 
 Output, one JSON object per line: the measured matmul peak of the devices (benchmark.measure_peak),
-then per run {"run" (the workdir, or "config"), "mode", "batch", "devices", "total_steps",
-"loop_step_s", "loop_data_s", "compile_s", "evaluations", "eval_images", "eval_s_first", "eval_s",
-"idle_train_s", "idle_eval_s", "idle_total_s", "train_seconds_this_run", "steps_this_run" (null
-without a final.json)}."""
+then per workdir {"workdir", "mode", "batch", "devices", "total_steps", "loop_step_s",
+"loop_data_s", "compile_s", "evaluations", "eval_images", "eval_s_first", "eval_s",
+"idle_train_s", "idle_eval_s", "idle_total_s", "train_seconds_this_run", "steps_this_run"}.
+"""
 
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ import jax
 import ml_collections
 from absl import app, flags
 from etils import epath
-from ml_collections import config_flags
 
 from vitboot_jax import configlib, evaluate, sharding
 from vitboot_jax.base import cli, errors
@@ -49,13 +47,10 @@ from vitboot_jax.run import workdir_rules
 from vitboot_jax.tools.perf import benchmark
 
 
-def timed_config(run: epath.PathLike | ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The config of `run`: a workdir's (config.json; fields added since take their defaults) or
-  the given one, without the checkpoints it starts from (a step's cost ignores their values)."""
-  if isinstance(run, ml_collections.ConfigDict):
-    config = run.copy_and_resolve_references()
-  else:
-    config = workdir_rules.read_config(epath.Path(run))
+def run_config(workdir: epath.PathLike) -> ml_collections.ConfigDict:
+  """The config a run ran (config.json; fields added since take their defaults), without the
+  checkpoints it started from: the step's cost does not depend on their values."""
+  config = workdir_rules.read_config(epath.Path(workdir))
   with config.unlocked():
     config.agent_init_from = config.init_from = ""
   configlib.validate(config, num_devices=jax.device_count())
@@ -93,16 +88,12 @@ def time_evaluations(step: benchmark.CompiledStep) -> dict[str, Any]:
 
 
 def run_cost(
-  run: epath.PathLike | ml_collections.ConfigDict,
-  mesh: jax.sharding.Mesh,
-  *,
-  steps: int,
-  warmup: int,
+  workdir: epath.PathLike, mesh: jax.sharding.Mesh, *, steps: int, warmup: int
 ) -> dict[str, Any]:
-  """The idle cost of `run`, a workdir or a config (this module's docstring)."""
+  """The idle cost of the run in `workdir` (this module's docstring)."""
   from vitboot_jax import train  # The run's own schedule rules.
 
-  config = timed_config(run)
+  config = run_config(workdir)
   step = benchmark.compile_step(config, mesh)
   loop = benchmark.time_loop(step, steps, warmup)
   timed = time_evaluations(step)
@@ -111,14 +102,13 @@ def run_cost(
   count = evaluations(total, train.eval_interval(config, per_epoch))
   idle_train = step.compile_s + total * loop["loop_step_s"]
   idle_eval = timed["eval_s_first"] + (count - 1) * timed["eval_s"]
-  final, this_run = {}, None
-  if not isinstance(run, ml_collections.ConfigDict):
-    done = epath.Path(run) / "final.json"
-    if done.exists():
-      final = json.loads(done.read_text())
-      this_run = int(final["step"]) - int(final.get("resumed_from_step", 0))
+  try:
+    final = json.loads((epath.Path(workdir) / "final.json").read_text())
+    this_run = int(final["step"]) - int(final.get("resumed_from_step", 0))
+  except FileNotFoundError:
+    final, this_run = {}, None
   return {
-    "run": "config" if isinstance(run, ml_collections.ConfigDict) else str(run),
+    "workdir": str(workdir),
     "mode": config.mode,
     "batch": int(config.batch_size),
     "devices": mesh.size,
@@ -137,18 +127,18 @@ def run_cost(
 
 
 def run(
-  runs: Sequence[str | ml_collections.ConfigDict],
+  workdirs: Sequence[str],
   *,
   steps: int,
   warmup: int,
   peak_size: int = 0,
   emit: Callable[[str], Any] = print,
 ) -> None:
-  """Emits the devices' matmul peak, then each run's idle cost (workdirs or configs), as JSON."""
+  """Emits the devices' matmul peak, then each workdir's idle cost, as JSON lines."""
   mesh = sharding.make_mesh()
   emit(json.dumps(benchmark.measure_peak(mesh, size=peak_size)))
-  for one in runs:
-    emit(json.dumps(run_cost(one, mesh, steps=steps, warmup=warmup)))
+  for workdir in workdirs:
+    emit(json.dumps(run_cost(workdir, mesh, steps=steps, warmup=warmup)))
 
 
 _FLAGS: dict[str, Any] = {}
@@ -156,7 +146,6 @@ _FLAGS: dict[str, Any] = {}
 
 def define_flags() -> None:
   """This tool's flags; defined only when it runs as a program (tests import several tools)."""
-  _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "A run not made yet.")
   _FLAGS["steps"] = flags.DEFINE_integer("steps", 20, "Timed steps of each run's loop.")
   _FLAGS["warmup"] = flags.DEFINE_integer("warmup", 3, "Untimed loop steps after compilation.")
   _FLAGS["cpu_devices"] = cpu_devices.define_flag()
@@ -166,23 +155,19 @@ def define_flags() -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-  runs: list[str | ml_collections.ConfigDict] = list(argv[1:])
-  for workdir in runs:  # All checked before any is timed.
+  workdirs = list(argv[1:])
+  if not workdirs:
+    cli.fail(f"no WORKDIR; usage: {__doc__.splitlines()[2].strip()}")
+  for workdir in workdirs:  # All checked before any is timed.
     if not (epath.Path(workdir) / workdir_rules.CONFIG_FILE).is_file():
       cli.fail(f"{workdir} is not the workdir of a run (no {workdir_rules.CONFIG_FILE} there)")
-  if _FLAGS["config"].value is not None:
-    runs.append(_FLAGS["config"].value)
-  if not runs:
-    cli.fail(f"no WORKDIR and no --config; usage: {__doc__.splitlines()[2].strip()}")
-  first = runs[0]
-  if not isinstance(first, ml_collections.ConfigDict):
-    first = workdir_rules.read_config(epath.Path(first))
-  try:  # The host split into the devices the runs train on (their batches divide it).
+  try:  # The host split into the devices the runs trained on (their batches divide it).
+    first = workdir_rules.read_config(epath.Path(workdirs[0]))
     cpu_devices.split_host_for(first, requested=_FLAGS["cpu_devices"].value)
   except errors.UsageError as error:
     cli.fail(str(error))
   run(
-    runs,
+    workdirs,
     steps=_FLAGS["steps"].value,
     warmup=_FLAGS["warmup"].value,
     peak_size=_FLAGS["peak_size"].value,
