@@ -297,19 +297,6 @@ def compile_mode_step(
   `compiler_options` are XLA debug options for this one compilation (compiler-flag A/Bs).
   """
   config = mode_config(config, mode, batch, dtype, num_devices=jax.device_count())
-  return compile_step(config, mesh, kernels=kernels, compiler_options=compiler_options)
-
-
-def compile_step(
-  config: ml_collections.ConfigDict,
-  mesh: jax.sharding.Mesh,
-  *,
-  kernels: Kernels | None = None,
-  compiler_options: dict[str, Any] | None = None,
-) -> CompiledStep:
-  """`config`'s step as it stands (its mode, recipe and batch_size), built, initialised and
-  jitted with train.py's setup on a synthetic batch (a run's own step: tools/perf/run_cost)."""
-  batch = int(config.batch_size)
   step_config = config.copy_and_resolve_references()
   step_config.data.pipeline = "tfdata"  # The step alone takes a batch, whatever the pipeline.
   trainer = trainer_lib.build(step_config, mesh, _STEPS_PER_EPOCH, kernels=kernels)
