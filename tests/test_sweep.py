@@ -383,3 +383,28 @@ def test_the_seed_methods_table_adds_one_switch_to_the_winner():
   assert std.rows[0].run_name == "base_hygiene_std_e200"  # Another schedule: a run of its own.
   assert ",epochs=200," in std.rows[1].config and "init=standard" not in std.rows[1].config
   assert table.root == sweep_tables.TABLES["baseline"].root and table.seeds == (0, 1)
+
+
+def test_the_schedule_check_doubles_the_winner_and_keeps_the_shorter_within_half_a_point():
+  """Item 4: the winner's grid run (reused) and the winner at 200 epochs, seed 0, whose run the
+  methods table at 200 epochs would reuse; the longer wins only with a gain of 0.5 or more."""
+  table = sweep_tables.baseline_schedule_table("aug_light")
+  short, long = table.rows
+  grid = {r.name: r for r in sweep_tables.rows("baseline")}
+  assert (short.run_name, short.config) == (grid["aug_light"].run_name, grid["aug_light"].config)
+  assert long.config == grid["aug_light"].config.replace("epochs=100", "epochs=200")
+  assert long.overrides == grid["aug_light"].overrides == short.overrides
+  methods_200 = sweep_tables.baseline_methods_table("aug_light", epochs=200)
+  assert long.run_name == methods_200.rows[0].run_name == "aug_light_e200"
+  assert table.seeds == (0,) and table.root == sweep_tables.TABLES["baseline"].root
+
+  def pick(val_short, val_long):
+    entries = [
+      {"name": short.name, "val_top1": {"vit": {"mean": val_short}}},
+      {"name": long.name, "val_top1": {"vit": {"mean": val_long}}},
+    ]
+    return sweep_report.chosen(table, entries)["row"]
+
+  assert pick(58.70, 59.18) == "aug_light"  # +0.48: the shorter schedule stays.
+  assert pick(58.70, 59.20) == "aug_light_e200"  # +0.50: doubling pays.
+  assert pick(58.70, 58.10) == "aug_light"
