@@ -121,12 +121,44 @@ def test_preload_environment_on_a_cpu_host(cpu_host):
   assert mine["MALLOC_CONF"] == "mine"  # The user's own setting wins.
 
 
+def test_a_preloaded_jemalloc_without_settings_gets_the_products(cpu_host):
+  """jemalloc preloaded by the user (LD_PRELOAD=...libjemalloc.so.2, a common tip) and no
+  MALLOC_CONF: re-executed as it is with the product's settings, not jemalloc's default decay."""
+  library = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+  env = host_memory.preload_environment({"LD_PRELOAD": f"libother.so {library}", "PATH": "/bin"})
+  assert env["MALLOC_CONF"] == dict(host_memory.ALLOCATORS)["jemalloc"]["MALLOC_CONF"]
+  assert env["MALLOC_CONF"].startswith("dirty_decay_ms:-1,muzzy_decay_ms:-1,")
+  assert env["LD_PRELOAD"] == f"libother.so {library}" and env["PATH"] == "/bin"
+  assert env[host_memory.PRELOADED] == library
+  assert host_memory.preload_environment(env) is None  # Re-executed once: never loops.
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="LD_PRELOAD: Linux only")
+def test_a_program_started_under_jemalloc_runs_with_the_products_settings():
+  """The re-execution itself: a program started with jemalloc preloaded and no MALLOC_CONF
+  (as `LD_PRELOAD=libjemalloc.so.2 python -m vitboot_jax.main ...`) runs with ours."""
+  library = ctypes.util.find_library("jemalloc")
+  if library is None or host_memory.accelerator_plugin_installed():
+    pytest.skip("libjemalloc is not installed (apt install libjemalloc2), or an accelerator host")
+  program = (
+    "import os\nfrom vitboot_jax.cpu import host_memory\nhost_memory.reexec_with_allocator()\n"
+    "print(os.environ.get('MALLOC_CONF'), host_memory.description())"
+  )
+  env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_CONF", host_memory.PRELOADED)}
+  env.update({"LD_PRELOAD": library, host_memory.OPT_OUT: "0"})
+  argv = [sys.executable, "-c", program]
+  out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout.split()
+  assert out == [dict(host_memory.ALLOCATORS)["jemalloc"]["MALLOC_CONF"], library]
+
+
 @pytest.mark.parametrize(
   "environ",
   [
     {host_memory.OPT_OUT: "1"},
     {host_memory.PRELOADED: "libjemalloc.so.2"},  # Already re-executed: never loops.
     {"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4"},  # The user chose one.
+    {"LD_PRELOAD": "libjemalloc.so.2", "MALLOC_CONF": "narenas:1"},  # And its settings.
+    {host_memory.OPT_OUT: "1", "LD_PRELOAD": "libjemalloc.so.2"},
   ],
 )
 def test_no_reexecution_when_chosen_already(cpu_host, environ):

@@ -79,13 +79,20 @@ def find_allocator() -> tuple[str, dict[str, str]] | None:
 
 def preload_environment(environ: dict[str, str]) -> dict[str, str] | None:
   """The environment to re-execute this program with, or None to run as it is: opted out,
-  already re-executed or preloaded, not Linux, an accelerator host, or no library found."""
+  already re-executed, not Linux, an accelerator host, no library found, or an allocator
+  preloaded already (jemalloc with a MALLOC_CONF of the user's, or tcmalloc). jemalloc preloaded
+  without one runs with its default decay, which hands freed pages back to the kernel (a ViT's
+  CPU steps ran at half speed in page faults): re-executed with the product's settings."""
   if environ.get(OPT_OUT, "") not in ("", "0") or environ.get(PRELOADED):
     return None
-  preload = environ.get("LD_PRELOAD", "")
-  if _allocator_in(preload):
-    return None
   if platform.system() != "Linux" or accelerator_plugin_installed():
+    return None
+  preload = environ.get("LD_PRELOAD", "")
+  chosen = _allocator_in(preload)
+  if chosen == "jemalloc" and "MALLOC_CONF" not in environ:
+    library = next(part for part in preload.replace(":", " ").split() if "jemalloc" in part)
+    return {**environ, **dict(ALLOCATORS)["jemalloc"], PRELOADED: library}
+  if chosen:
     return None
   found = find_allocator()
   if found is None:
