@@ -153,21 +153,19 @@ def test_recipe_deit_sets_deits_values_and_each_part_overrides():
   assert not recipe_augment.enabled(off) and off.model.drop_path == 0 == off.agent.drop_path
 
 
-def test_a_recipe_with_optimizer_fields_and_init_is_the_same_config_as_its_flags(monkeypatch):
-  """A labelled recipe (the baseline's, once chosen) may carry optimizer fields and the ViT's
-  init: `recipe=NAME` gives the config its switches and --config flags give; init= still wins."""
+def test_the_small_data_recipe_is_the_baseline_grids_winner_and_init_still_wins():
+  """recipe=small_data is the config of the grid's winning row (its args and its --config flags),
+  field for field; init= given still wins over the recipe's init."""
   from tests.config_files import apply_flags
-  from vitboot_jax.tools.sweep import study_rows
+  from vitboot_jax.tools.sweep import tables
 
-  light = "rand-m5-mstd0.5-inc1"
-  optim = dict(warmup_epochs=5.0, decay_all=False, clip_norm=1.0)
-  aug = dict(randaug=light, erase=0.0, mixup=0.0, cutmix=0.0, smoothing=0.1, drop_path=0.05)
-  monkeypatch.setitem(common.RECIPES, "trial", dict(aug, optim=optim, init="standard"))
+  winner = next(r for r in tables.rows("baseline") if r.name == tables.BASELINE_WINNER)
   spec = "configs/quickstart.py:mode=vit,epochs=100"
-  recipe = load_config(f"{spec},recipe=trial")
-  flags = load_config(f"{spec},init=standard,randaug={light},smoothing=0.1,drop_path=0.05")
-  assert recipe.to_dict() == apply_flags(flags, study_rows.HYGIENE).to_dict()
-  assert load_config(f"{spec},recipe=trial,init=mimetic").model.init == "mimetic"
+  recipe = load_config(f"{spec},recipe=small_data")
+  grid = apply_flags(load_config(winner.config), winner.overrides)
+  assert recipe.to_dict() == grid.to_dict()
+  assert recipe.model.init == "standard" and recipe.optim.clip_norm == 1.0
+  assert load_config(f"{spec},recipe=small_data,init=mimetic").model.init == "mimetic"
   assert load_config(spec).model.init == "official"  # No recipe, no init=: the official one.
 
 

@@ -39,10 +39,11 @@ reads the results into tables and figures; this module is the command line):
     counted before any run: docs/results.md), and the same rows with recipe=deit (DeiT's
     augmentation and regularisation). Its report adds each row's training FLOPs
     (tools/train_compute.py, the teacher's run apart) and ROOT/compute.png.
-  * baseline, teachers (and, once tables.py names the winners, baseline_methods and students):
-    the small-data study, validation held out, one root (workdirs/small_data) so that rows reuse
-    each other's runs: the ViT alone's screening grid G1-G7 at 100 epochs, the teachers (the agent,
-    ResNet-20 and -56), the seeds' methods on the winner, and the winner taught by the chosen
+  * baseline, teachers (and, once tables.py names the winners, baseline_schedule,
+    baseline_methods and students): the small-data study, validation held out, one root
+    (workdirs/small_data) so that rows reuse each other's runs: the ViT alone's screening grid
+    G1-G7 at 100 epochs, the teachers (the agent, ResNet-20 and -56), the winner at 200 epochs,
+    the seeds' methods on the winner, and the winner taught by the chosen
     teachers with the ViT alone at their compute; each writes its report files under its own
     prefix (ROOT/teachers_table.md, ...). paper_schedule_240: the 8x8-token rung's ViT, agent, joint
     and shared at the paper's 240 epochs (issue 83; on a GPU: launch/gpu_small_data.py).
