@@ -297,8 +297,9 @@ BASELINE_SCHEDULE = study_rows.BASELINE_EPOCHS
 def _on_the_winner(
   name: str, title: str, files: str, rows, winner: str, seeds=(0, 1), **choose
 ) -> Table:
-  """A table of rows built on the grid's `winner` (rows(winner_row)), 2 seeds, in the grid's root
-  and with its flags, so the winner's grid run is reused; each row set against the winner."""
+  """A table of rows built on the grid's `winner` (rows(winner_row)), `seeds` (2 by default), in
+  the grid's root and with its flags, so the winner's grid run is reused; each row set against
+  the winner; `choose` as Table's (choose_within)."""
   grid = TABLES_BY_NAME["baseline"]
   row = next(r for r in grid.rows if r.name == winner)
   return Table(
