@@ -6,11 +6,12 @@ through the product's own `vitboot_jax.main`, on the carried folder of the small
     shared with Align: the official recipe, every switch off; 240 epochs, evaluation of the
     validation and test splits every 10 epochs), seed 0's four rows at once, then each seed-1 row
     as soon as a slot frees and the same row's measured seed-0 wall time fits what is left.
-  ITEM small_data: tables baseline (G1-G7, the ViT alone at 100 epochs) into ROOT/baseline and
-    teachers (the agent at 100 epochs, seeds 0 and 1) into ROOT/teachers; G1-G4 and the agents
-    first, then G5-G7 on the init that won G3 against G4 on validation (BASELINE_INIT's rule in
-    docs/results.md: G4's standard init only where its validation top-1 at the final epoch beats
-    G3's; a tie keeps G3's official init), started only where 1.5x G3's wall time fits.
+  ITEM small_data: the small-data study's rows not yet run on CPU, in the issues' order, all
+    in ROOT (the tables share one root, as on CPU): table baseline_methods (the grid's winner and
+    the seeds' methods on it, seeds 0 and 1), then teachers (the agent at 100 epochs, ResNet-20
+    and ResNet-56, seeds 0 and 1), then students where tables.TEACHER has named the teachers
+    (each student after its teacher's run of the same seed). A run two tables share (the winner,
+    a teacher) runs once. The grid itself (table baseline, G1-G7) ran on CPU and chose the winner.
 GPU rows are tables of their own: ROOT is never a CPU table's root.
 
 The data: carry/cifar10_small (tools/prepare_data folder --folder_out: the 5,000 training images
@@ -69,6 +70,9 @@ from vitboot_jax.tools.sweep import runs as sweep_runs  # noqa: E402
 from vitboot_jax.tools.sweep import tables as sweep_tables  # noqa: E402
 
 ITEMS = ("schedule240", "small_data")
+# Item 2's tables in the issues' order: the seeds' methods (issue 81), the teachers, then their
+# students (issue 84).
+SMALL_DATA_TABLES = ("baseline_methods", "teachers", "students")
 DATA = "carry/cifar10_small"
 STEPS_PER_CALL = 39  # Half an epoch (78 steps at batch 64 on 5,000 images).
 CHECKPOINT_EVERY = 1560  # 20 epochs; a multiple of STEPS_PER_CALL.
@@ -78,7 +82,6 @@ DATA_FLAGS = (
   "--config.data.pipeline=device",
 )
 MARGIN = 1.1  # A run starts only where MARGIN x its estimate fits what is left.
-AUG_FACTOR = 1.5  # G5-G7 against G3's wall time (augmentation on the device, drop path).
 GRACE_S = 45  # After SIGTERM: a run saves and exits within this, else SIGKILL.
 POLL_S = 2.0
 REPORT_EVERY_S = 30.0
@@ -93,10 +96,6 @@ class Job:
   root: str
   after: tuple[str, ...] = ()  # Keys of the runs that must finish first.
   like: str | None = None  # Key of the run whose wall time estimates this one's.
-  factor: float = 1.0
-  choose_from: tuple[
-    str, ...
-  ] = ()  # G5-G7: the workdirs of G3 and G4, whose validation picks the init.
   status: str = "waiting"  # waiting, running, finished, failed, cut, skipped
   note: str = ""
   proc: subprocess.Popen | None = None
@@ -141,21 +140,22 @@ def plan(item: str, root: str, seeds: list[int] | None = None) -> list[Job]:
     ]
   if item != "small_data":
     raise ValueError(f"ITEM must be one of {ITEMS}, not {item!r}")
-  baseline, teachers = tables["baseline"], tables["teachers"]
-  rows = {r.run_name: r for r in baseline.rows}
-  broot, troot = os.path.join(root, "baseline"), os.path.join(root, "teachers")
-  bseed = (seeds or baseline.seeds)[0]
-  first = ("base_hygiene", "base_hygiene_std", "base_official", "base_std")
-  jobs = [Job(baseline, rows[name], bseed, broot) for name in first]
-  jobs += [Job(teachers, row, s, troot) for s in (seeds or teachers.seeds) for row in teachers.rows]
-  gate = ("base_hygiene", "base_hygiene_std")
-  keys = tuple(key("baseline", name, bseed) for name in gate)
-  dirs = tuple(os.path.join(broot, f"{name}_seed{bseed}") for name in gate)
-  jobs += [
-    Job(baseline, rows[name], bseed, broot, keys, keys[0], AUG_FACTOR, choose_from=dirs)
-    for name in rows
-    if name.startswith("aug_")
-  ]
+  jobs: list[Job] = []
+  workdirs = set()
+  for name in SMALL_DATA_TABLES:
+    if name not in tables:  # students: registered once tables.TEACHER names the teachers.
+      continue
+    table = tables[name]
+    for seed in seeds or table.seeds:
+      for row in table.rows:
+        job = Job(table, row, seed, root)
+        if job.workdir in workdirs:  # The winner's or a teacher's run, which a table before owns.
+          continue
+        teacher = sweep_tables.teacher_run(row)
+        if teacher:
+          job.after = (key("teachers", teacher, seed),)
+        workdirs.add(job.workdir)
+        jobs.append(job)
   return jobs
 
 
@@ -164,16 +164,6 @@ def read_final(workdir: pathlib.Path) -> dict | None:
     return json.loads((workdir / "final.json").read_text())
   except (OSError, ValueError):
     return None
-
-
-def choose_init(g3: dict | None, g4: dict | None) -> tuple[str | None, str]:
-  """G5-G7's init from G3's and G4's final.json: (init, why); None where either lacks its
-  validation top-1 (the rule cannot be read)."""
-  v3, v4 = (f.get("val_top1_vit") if f else None for f in (g3, g4))
-  if v3 is None or v4 is None:
-    return None, f"no choice: validation top-1 of G3 {v3}, G4 {v4}"
-  init = "standard" if v4 > v3 else "official"
-  return init, f"init={init}: validation top-1 G3 {100 * v3:.2f}, G4 {100 * v4:.2f}"
 
 
 def last_progress(log: pathlib.Path) -> tuple[int, int, int, str] | None:
@@ -197,7 +187,6 @@ class Launcher:
     self.by_key = {j.key: j for j in jobs}
     self.start = time.monotonic()
     self.stop_requested = False
-    self.init_choice: tuple[str | None, str] | None = None
     self.lines: list[str] = []
 
   def now(self) -> float:
@@ -233,15 +222,6 @@ class Launcher:
         return f"needs {dep}, which {d.status}"
       if d.status != "finished":
         return "wait"
-    if job.choose_from:
-      if self.init_choice is None:
-        g3, g4 = (read_final(pathlib.Path(d)) for d in job.choose_from)
-        self.init_choice = choose_init(g3, g4)
-        self.say(f"G5-G7: {self.init_choice[1]}")
-      init = self.init_choice[0]
-      if init is None:
-        return self.init_choice[1]
-      job.row = next(r for r in sweep_tables.baseline_rows(init) if r.name == job.row.name)
     if job.like:
       like = self.by_key.get(job.like)
       if like is None or like.status in ("failed", "cut", "skipped"):
@@ -250,7 +230,7 @@ class Launcher:
         return "wait"
       if like.wall is None:  # Done in an earlier call: its training loop's time.
         like.wall = (read_final(like.workdir) or {}).get("train_seconds_this_run", 0.0) + 60
-      estimate = like.wall * job.factor
+      estimate = like.wall
       left = self.args.budget_s - self.now()
       if estimate * MARGIN > left:
         return f"estimate {estimate:.0f} s (x{MARGIN}) > {left:.0f} s left"
@@ -407,7 +387,6 @@ class Launcher:
       "item": self.args.item,
       "budget_s": self.args.budget_s,
       "elapsed_s": round(self.now(), 1),
-      "init_choice": None if self.init_choice is None else self.init_choice[1],
       "gpu": gpu_name(),
       "command": shlex.join(sys.argv),
       "runs": runs,
@@ -425,8 +404,6 @@ class Launcher:
       + (f": {r['note']}" if r["note"] else "")
       for r in summary["runs"]
     ]
-    if summary["init_choice"]:
-      lines.append(f"G5-G7: {summary['init_choice']}")
     (root / "rows.txt").write_text("\n".join(lines) + "\n")
     (root / "launcher.log").write_text("\n".join(self.lines) + "\n")
     print("\n".join(lines), flush=True)
@@ -487,7 +464,7 @@ def main(argv: list[str]) -> int:
   if args.only:
     only = set(args.only.split(","))
     jobs = [j for j in jobs if j.row.run_name in only]
-    for j in jobs:  # What was left out neither gates nor sizes the rest (G3/G4's finals still do).
+    for j in jobs:  # What was left out neither gates nor sizes the rest.
       j.after = tuple(k for k in j.after if any(o.key == k for o in jobs))
       j.like = j.like if any(o.key == j.like for o in jobs) else None
   launcher = Launcher(args, jobs)

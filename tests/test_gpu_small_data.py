@@ -177,34 +177,58 @@ def test_item1_runs_the_quickstarts_official_rows_for_240_epochs(tmp_path):
   assert not (tmp_path / "s240").exists()  # A dry run writes nothing.
 
 
-def test_item2_runs_the_baseline_and_teachers_rows_on_the_carried_folder(tmp_path):
+def test_item2_runs_the_seed_methods_and_teachers_rows_in_one_root(tmp_path):
   data = str(tmp_path / "small")
   commands = dict(_dry("small_data", tmp_path / "r", f"--data={data}", "--epochs=2"))
-  baseline = [f"baseline/{r.run_name}_seed0" for r in sweep_tables.rows("baseline")]
-  teachers = [
-    f"teachers/{r.run_name}_seed{s}" for r in sweep_tables.rows("teachers") for s in (0, 1)
-  ]
-  assert sorted(commands) == sorted(baseline + teachers)
+  methods = [f"baseline_methods/{r.run_name}_seed{s}" for s in (0, 1) for r in _rows("methods")]
+  teachers = [f"teachers/{r.run_name}_seed{s}" for s in (0, 1) for r in _rows("teachers")]
+  assert list(commands) == methods + teachers  # The issues' order: issue 81's rows first.
+  assert {r.run_name for r in _rows("methods")} == {
+    "aug_light",
+    "mimetic_e100",
+    "impulse3_e100",
+    "drloc_e100",
+  }
+  configs = {}
   for run, args in commands.items():
-    _, config = _checked(args, data)
+    _, config = configs[run.split("/")[1]] = _checked(args, data)
     assert config.num_epochs == 2 and config.eval_every_epochs == 5
-    want = "cnn" if "resnet" in run else "agent" if run.startswith("teachers") else "vit"
-    assert config.mode == want
-    assert f"--workdir={tmp_path / 'r' / run}" in args
-  assert _checked(commands["baseline/base_hygiene_std_seed0"], data)[1].model.init == "standard"
+    assert config.mode == ("cnn" if "resnet" in run else "agent" if "agent" in run else "vit")
+    assert f"--workdir={tmp_path / 'r' / run.split('/')[1]}" in args  # One root for all.
+  assert configs["aug_light_seed0"][1].model.init == "standard"
+  assert configs["mimetic_e100_seed1"][1].model.init == "mimetic"
+  assert configs["drloc_e100_seed0"][1].drloc.weight == 0.1
 
 
-def test_g5_g7_take_g4s_init_only_where_it_wins_on_validation():
-  launcher = _launcher()
-  assert launcher.choose_init({"val_top1_vit": 0.50}, {"val_top1_vit": 0.51})[0] == "standard"
-  assert launcher.choose_init({"val_top1_vit": 0.50}, {"val_top1_vit": 0.50})[0] == "official"
-  assert launcher.choose_init({"val_top1_vit": 0.52}, {"val_top1_vit": 0.51})[0] == "official"
-  assert launcher.choose_init(None, {"val_top1_vit": 0.51})[0] is None
-  aug = [r for r in sweep_tables.baseline_rows("standard") if r.name.startswith("aug_")]
-  assert aug and all(",init=standard," in r.config for r in aug)
-  assert [r.run_name for r in sweep_tables.baseline_rows("official")] == [
-    r.run_name for r in sweep_tables.rows("baseline")
-  ]
+def _rows(which):
+  return sweep_tables.rows("baseline_methods" if which == "methods" else which)
+
+
+def _with_students(monkeypatch, module, teacher="resnet20", other="agent_e100"):
+  """The module's tables with the students table registered, as tables.TEACHER will."""
+  students = sweep_tables.students_table(sweep_tables.BASELINE_WINNER, teacher, other)
+  monkeypatch.setitem(module.sweep_tables.TABLES, "students", students)
+  return students
+
+
+def test_item2_runs_each_student_after_its_teacher_and_a_shared_run_once(monkeypatch, tmp_path):
+  module = _launcher()
+  students = _with_students(monkeypatch, module)
+  jobs = module.plan("small_data", str(tmp_path))
+  workdirs = [j.workdir for j in jobs]
+  assert len(workdirs) == len(set(workdirs))  # The winner and the teachers run once.
+  own = [j for j in jobs if j.table.name == "students"]
+  # The students' table reuses the winner's and both teachers' runs; the rest are its own.
+  assert len(own) == 2 * (len(students.rows) - 3)
+  after = {j.row.run_name + f"_seed{j.seed}": j.after for j in own}
+  for seed in (0, 1):
+    assert after[f"corr_resnet20_seed{seed}"] == (f"teachers/resnet20_seed{seed}",)
+    assert after[f"corr_resnet20_eval_seed{seed}"] == (f"teachers/resnet20_seed{seed}",)
+    assert after[f"kd_resnet20_seed{seed}"] == (f"teachers/resnet20_seed{seed}",)
+    assert after[f"corr_agent_e100_seed{seed}"] == (f"teachers/agent_e100_seed{seed}",)
+    assert after[f"vit_matched_resnet20_seed{seed}"] == after[f"joint_seed{seed}"] == ()
+  keys = {j.key for j in jobs}
+  assert all(dep in keys for j in own for dep in j.after)
 
 
 # A stand-in run: sleeps, then writes final.json with a validation top-1; SIGTERM ends it unsaved.
@@ -254,19 +278,23 @@ def test_seed1_rows_start_where_seed0s_time_fits_and_a_cut_run_is_reported(tmp_p
   assert "shared_align_seed0: cut" in (tmp_path / "s240" / "rows.txt").read_text()
 
 
-def test_g5_g7_wait_for_g3_g4_and_run_on_the_winners_init(tmp_path, monkeypatch):
+def test_students_start_only_once_their_teacher_has_finished(tmp_path, monkeypatch):
   module = _launcher()
   monkeypatch.setattr(module, "POLL_S", 0.05)
-  vals = {"base_hygiene": 0.60, "base_hygiene_std": 0.62}
-  launcher = _fake_launcher(module, "small_data", tmp_path / "r", 30, {}, vals)
-  started = []
-  launch = launcher.launch
-  launcher.launch = lambda job: (started.append((job.row.run_name, job.row.config)), launch(job))
+  _with_students(monkeypatch, module)
+  sleeps = {"resnet20": 1.0, "agent_e100": 0.5}
+  launcher = _fake_launcher(module, "small_data", tmp_path / "r", 60, sleeps)
+  events = []
+  launch, reap = launcher.launch, launcher.reap
+  launcher.launch = lambda job: (events.append(("start", job.key)), launch(job))
+  launcher.reap = lambda job: (reap(job), events.append(("end", job.key)))
   launcher.run()
   assert all(j.status == "finished" for j in launcher.jobs)
-  assert [name for name, _ in started[-3:]] == ["aug_light", "aug_medium", "aug_deit"]
-  assert all(",init=standard," in config for _, config in started[-3:])
-  assert "G3 60.00, G4 62.00" in launcher.init_choice[1]
+  order = {e: i for i, e in enumerate(events)}
+  for job in launcher.jobs:
+    for dep in job.after:
+      assert order[("end", dep)] < order[("start", job.key)], (dep, job.key)
+  assert sum(bool(j.after) for j in launcher.jobs) == 8  # Four student rows a seed.
 
 
 def test_the_carried_archive_is_unpacked_once(tmp_path):
@@ -294,5 +322,5 @@ def test_the_tables_files_are_gathered_under_each_tables_prefix(tmp_path, monkey
   monkeypatch.setattr(module.subprocess, "run", lambda *a, **k: done)
   launcher.write_tables()
   text = (tmp_path / "r" / "table.md").read_text()
-  assert "rows of baseline" in text and "rows of teachers" in text
+  assert "rows of baseline_methods" in text and "rows of teachers" in text
   assert json.loads((tmp_path / "r" / "table.json").read_text())["teachers"] == {"t": "teachers"}
