@@ -186,3 +186,31 @@ def test_benchmark_times_the_device_pipelines_evaluation_without_tensorflow(imag
   assert row["eval_images"] == 40  # Every test image once, the device batches' padding masked.
   assert row["eval_img_per_s"] == 40 / row["eval_s"] and row["eval_s_first"] > 0
   assert row["loop_step_s"] > 0
+
+
+def test_a_cnn_config_is_timed_in_its_own_mode_and_refused_in_a_vits():
+  resnet = load_config("configs/cifar_resnet.py:model=resnet20")
+  assert benchmark.default_modes(resnet) == ("cnn",)
+  assert benchmark.default_modes(load_config("tiny_config")) == benchmark.ALL_MODES
+  cnn = benchmark.mode_config(resnet, "cnn", batch=8)
+  # Its own recipe: SGD, no clipping, the CNN named; only the batch changes.
+  assert (cnn.mode, cnn.cnn.name, cnn.optim.name, cnn.batch_size) == ("cnn", "resnet20", "sgd", 8)
+  assert cnn.optim.clip_norm == resnet.optim.clip_norm and cnn.loss == resnet.loss
+  with pytest.raises(ValueError, match="needs a ViT config"):
+    benchmark.mode_config(resnet, "vit", batch=8)
+  with pytest.raises(ValueError, match="needs a CNN config"):
+    benchmark.mode_config(load_config("tiny_config"), "cnn", batch=8)
+
+
+@pytest.mark.slow
+def test_benchmark_times_the_cifar_resnets_step():
+  printed = []
+  resnet = load_config("configs/cifar_resnet.py:model=resnet20")
+  benchmark.run(
+    resnet, batch=8, steps=1, warmup=1, modes=("cnn",), peak_size=256, emit=printed.append
+  )
+  _, row, summary = (json.loads(line) for line in printed)
+  assert row["mode"] == "cnn" and row["img_per_s"] > 0 and row["devices"] == 8
+  # 121.21M MACs a train-step image (models/cifar_resnet.py): twice that in FLOPs, 8 images.
+  assert row["flops_per_step"] == pytest.approx(2 * 8 * 121.21e6, rel=1e-4)
+  assert summary["step_ratio_shared_vit"] is None

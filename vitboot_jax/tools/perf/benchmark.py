@@ -3,6 +3,9 @@ r"""Times the jitted train step of every mode of one config, back to back in one
   python -m vitboot_jax.tools.perf.benchmark --config=configs/vits_cifar100.py --batch 32 \
     --steps 5 --warmup 2 [--modes vit,agent,joint,shared,shared_noalign] [--dtype bfloat16]
 
+A CNN config (`configs/cifar_resnet.py`, `configs/cnn_baselines.py`) has the one mode `cnn`,
+timed by default with its own recipe.
+
 Running all modes in one process on the same devices makes their ratios (shared vs ViT-only,
 Align vs no Align) meaningful even on a noisy machine. The step is jitted exactly as train.py
 does (donated state, replicated state and metrics, batch split over a mesh of every device) on
@@ -63,7 +66,9 @@ from vitboot_jax.models import costs
 from vitboot_jax.models.build import build_models
 from vitboot_jax.models.kernels import Kernels
 
-ALL_MODES = ("vit", "agent", "joint", "shared", "shared_noalign")
+ALL_MODES = ("vit", "agent", "joint", "shared", "shared_noalign")  # A ViT config's modes.
+CNN_MODE = "cnn"  # A CNN config's own mode (configs/cifar_resnet.py, configs/cnn_baselines.py).
+MODES = (*ALL_MODES, CNN_MODE)
 # Feature-loss decay depends on the step's epoch; any plausible epoch length costs the same.
 _STEPS_PER_EPOCH = 1000
 
@@ -146,6 +151,11 @@ def switch_mode(c: ml_collections.ConfigDict, mode: str) -> None:
     c.agent.mlp_dropout, c.agent.residual_dropout = 0.1, 0.0
 
 
+def default_modes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The modes a perf tool times when none is named: a CNN config's own, else ALL_MODES."""
+  return (CNN_MODE,) if config.mode == CNN_MODE else ALL_MODES
+
+
 def mode_config(
   config: ml_collections.ConfigDict,
   mode: str,
@@ -156,11 +166,15 @@ def mode_config(
 ) -> ml_collections.ConfigDict:
   """A copy of `config` set to `mode` ("shared_noalign": shared with align="none"), and `batch`
   and `dtype` where given; validated, for `num_devices` where given (lowering targets others)."""
-  if mode not in ALL_MODES:
-    raise ValueError(errors.unknown_choice("mode", mode, ALL_MODES))
+  if mode not in MODES:
+    raise ValueError(errors.unknown_choice("mode", mode, MODES))
+  if (mode == CNN_MODE) != (config.mode == CNN_MODE):  # A CNN config builds no ViT, and back.
+    kind = "a CNN config (mode=cnn)" if mode == CNN_MODE else "a ViT config"
+    raise ValueError(f"mode={mode!r} needs {kind}; this config's mode is {config.mode!r}")
   c = config.copy_and_resolve_references()
   with c.unlocked():
-    switch_mode(c, "shared" if mode.startswith("shared") else mode)
+    if mode != CNN_MODE:  # A CNN config's own recipe stays as it is.
+      switch_mode(c, "shared" if mode.startswith("shared") else mode)
     if mode == "shared_noalign":
       c.align = "none"
     if batch:
@@ -508,7 +522,9 @@ def define_flags() -> None:
   _FLAGS["cpu_devices"] = cpu_devices.define_flag()
   _FLAGS["steps"] = flags.DEFINE_integer("steps", 10, "Timed steps per mode (median reported).")
   _FLAGS["warmup"] = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
-  _FLAGS["modes"] = flags.DEFINE_list("modes", list(ALL_MODES), f"Modes, from {ALL_MODES}.")
+  _FLAGS["modes"] = flags.DEFINE_list(
+    "modes", [], f"Modes, from {MODES}; default: {ALL_MODES}, or cnn for a CNN config."
+  )
   _FLAGS["dtype"] = flags.DEFINE_enum(
     "dtype", None, ["float32", "bfloat16"], "Sets config.compute_dtype."
   )
@@ -545,7 +561,7 @@ def main(argv: Sequence[str]) -> None:
     batch=batch,
     steps=value["steps"],
     warmup=value["warmup"],
-    modes=[m.strip() for m in value["modes"] if m.strip()],
+    modes=[m.strip() for m in value["modes"] if m.strip()] or default_modes(config),
     dtype=value["dtype"],
     peak_size=value["peak_size"],
     loop_steps=value["loop_steps"],

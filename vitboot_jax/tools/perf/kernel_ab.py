@@ -224,6 +224,11 @@ def run(
 _FLAGS: dict[str, Any] = {}
 
 
+def _modes(config: ml_collections.ConfigDict) -> list[str]:
+  """The modes timed when --modes names none: the ViT alone and shared, or a CNN config's own."""
+  return [benchmark.CNN_MODE] if config.mode == benchmark.CNN_MODE else ["vit", "shared"]
+
+
 def define_flags() -> None:
   _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
   _FLAGS["switch"] = flags.DEFINE_enum("switch", None, sorted(SWITCHES), "Kernel choice to A/B.")
@@ -231,7 +236,9 @@ def define_flags() -> None:
   _FLAGS["cpu_devices"] = cpu_devices.define_flag()
   _FLAGS["steps"] = flags.DEFINE_integer("steps", 5, "Timed steps per variant (median).")
   _FLAGS["warmup"] = flags.DEFINE_integer("warmup", 1, "Untimed steps after compilation.")
-  _FLAGS["modes"] = flags.DEFINE_list("modes", ["vit", "shared"], "Modes to time.")
+  _FLAGS["modes"] = flags.DEFINE_list(
+    "modes", [], "Modes to time; default: vit,shared, or cnn for a CNN config."
+  )
   _FLAGS["dtype"] = flags.DEFINE_enum(
     "dtype", None, ["float32", "bfloat16"], "Sets config.compute_dtype."
   )
@@ -252,7 +259,7 @@ def main(argv: Sequence[str]) -> None:
     batch=batch,
     steps=value["steps"],
     warmup=value["warmup"],
-    modes=[m.strip() for m in value["modes"] if m.strip()],
+    modes=[m.strip() for m in value["modes"] if m.strip()] or _modes(config),
     dtype=value["dtype"],
     xla_options=parse_options(value["xla_options"]),
     emit=functools.partial(print, flush=True),

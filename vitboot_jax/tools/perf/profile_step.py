@@ -342,7 +342,9 @@ _FLAGS: dict[str, Any] = {}
 def define_flags() -> None:
   """Defines this tool's flags (only when it runs as a program; see benchmark.define_flags)."""
   _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
-  _FLAGS["mode"] = flags.DEFINE_enum("mode", "shared", list(benchmark.ALL_MODES), "Mode.")
+  _FLAGS["mode"] = flags.DEFINE_enum(
+    "mode", None, list(benchmark.MODES), "Mode; default: shared, or cnn for a CNN config."
+  )
   _FLAGS["batch"] = flags.DEFINE_integer("batch", 0, "Global batch size; 0: config.batch_size.")
   _FLAGS["cpu_devices"] = cpu_devices.define_flag()
   _FLAGS["steps"] = flags.DEFINE_integer("steps", 3, "Traced steps.")
@@ -367,7 +369,7 @@ def main(argv: Sequence[str]) -> None:
   batch = benchmark.lay_out_host(value)
   run(
     config,
-    mode=value["mode"],
+    mode=value["mode"] or (benchmark.CNN_MODE if config.mode == benchmark.CNN_MODE else "shared"),
     batch=batch,
     steps=value["steps"],
     warmup=value["warmup"],
