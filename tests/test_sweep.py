@@ -366,7 +366,7 @@ def test_the_baseline_table_chooses_on_validation_never_on_test(tmp_path):
 def test_the_seed_methods_table_adds_one_switch_to_the_winner():
   """Fixed before its runs: the grid's winner (its seed-0 run reused at the grid's schedule), and
   mimetic init, impulse-3 init and DrLoc each on top of it, every config valid."""
-  table = sweep_tables.baseline_methods_table("aug_medium")
+  table = sweep_tables.baseline_methods_table("aug_medium", epochs=100)
   winner, *methods = table.rows
   grid = {r.name: r for r in sweep_tables.rows("baseline")}
   assert (
