@@ -408,3 +408,41 @@ def test_the_schedule_check_doubles_the_winner_and_keeps_the_shorter_within_half
   assert pick(58.70, 59.18) == "aug_light"  # +0.48: the shorter schedule stays.
   assert pick(58.70, 59.20) == "aug_light_e200"  # +0.50: doubling pays.
   assert pick(58.70, 58.10) == "aug_light"
+
+
+def test_the_teachers_rule_picks_the_resnet_size_then_it_or_the_agent_cheaper_within_a_margin():
+  """Written before the teachers' runs: the ResNet's size by validation, then the better of it
+  and the agent; within 0.2 point, the cheaper to train; the other is the other."""
+  table = sweep_tables.TABLES["teachers"]
+  # Training PFLOPs a seed (2 x MACs an image x 4,992 x epochs): the agent (533.1M, 100 epochs)
+  # between ResNet-20 (121.2M) and ResNet-56 (376.0M, 180 epochs each).
+  pflops = {"agent_e100": 0.532, "resnet20": 0.218, "resnet56": 0.676}
+
+  def pick(**val):
+    entries = [
+      {
+        "name": r.name,
+        "models": list(r.models),
+        "val_top1": {r.models[0]: {"mean": val[r.name]}} if r.name in val else {},
+        "train_pflops": {0: pflops[r.name]},
+      }
+      for r in table.rows
+    ]
+    return sweep_report.chosen_teacher(table, entries)
+
+  got = pick(agent_e100=70.0, resnet20=74.22, resnet56=76.0)
+  assert (got["resnet"], got["teacher"], got["other"]) == ("resnet56", "resnet56", "agent_e100")
+  # Within 0.2: the agent costs less than ResNet-56.
+  got = pick(agent_e100=75.80, resnet20=74.22, resnet56=76.0)
+  assert (got["teacher"], got["other"], got["close"]) == ("agent_e100", "resnet56", True)
+  got = pick(agent_e100=75.78, resnet20=74.22, resnet56=76.0)
+  assert (got["teacher"], got["close"]) == ("resnet56", False)
+  # ResNet-20 wins its size; the agent within 0.2 costs more than it.
+  got = pick(agent_e100=74.30, resnet20=74.22, resnet56=74.0)
+  assert (got["resnet"], got["teacher"], got["other"]) == ("resnet20", "resnet20", "agent_e100")
+  assert pick(resnet20=74.22, resnet56=76.0) == {"waiting_for": ["agent_e100"]}
+  assert sweep_report.chosen_teacher(sweep_tables.TABLES["baseline"], []) is None
+  lines = sweep_report._teacher_lines(pick(agent_e100=75.80, resnet20=74.22, resnet56=76.0))
+  assert "the ResNet is **resnet56** (validation top-1: resnet20 74.22, resnet56 76.00)" in lines[1]
+  assert "the teacher is **agent_e100** (75.80), the other **resnet56** (76.00)" in lines[1]
+  assert "the cheaper to train, 0.532 PFLOPs against 0.676" in lines[1]

@@ -267,6 +267,7 @@ _TABLES += (
     data_folder=True,
     overrides=("--config.eval_every_epochs=5", *study_rows.VALIDATION),
     compute=True,
+    choose_teacher_within=0.2,
   ),
 )
 # The paper's 240-epoch schedule at the 8x8-token rung (issue 83): does the claim hold when the
