@@ -10,8 +10,10 @@ through the product's own `vitboot_jax.main`, on the carried folder of the small
     in ROOT (the tables share one root, as on CPU): table baseline_methods (the grid's winner and
     the seeds' methods on it, seeds 0 and 1), then teachers (the agent at 100 epochs, ResNet-20
     and ResNet-56, seeds 0 and 1), then students where tables.TEACHER has named the teachers
-    (each student after its teacher's run of the same seed). A run two tables share (the winner,
-    a teacher) runs once. The grid itself (table baseline, G1-G7) ran on CPU and chose the winner.
+    (each student after its teacher's run of the same seed), and the students at the
+    baseline's longer schedule once tables.TEACHER_EVAL is set too. A run two tables share (the
+    winner, a teacher) runs once. The grid itself (table baseline, G1-G7) ran on CPU and chose
+    the winner.
 GPU rows are tables of their own: ROOT is never a CPU table's root.
 
 The data: carry/cifar10_small (tools/prepare_data folder --folder_out: the 5,000 training images
@@ -71,8 +73,8 @@ from vitboot_jax.tools.sweep import tables as sweep_tables  # noqa: E402
 
 ITEMS = ("schedule240", "small_data")
 # Item 2's tables in the issues' order: the seeds' methods (issue 81), the teachers, then their
-# students (issue 84).
-SMALL_DATA_TABLES = ("baseline_methods", "teachers", "students")
+# students (issue 84), at 100 epochs and at the baseline's longer schedule.
+SMALL_DATA_TABLES = ("baseline_methods", "teachers", "students", "students_long")
 DATA = "carry/cifar10_small"
 STEPS_PER_CALL = 39  # Half an epoch (78 steps at batch 64 on 5,000 images).
 CHECKPOINT_EVERY = 1560  # 20 epochs; a multiple of STEPS_PER_CALL.

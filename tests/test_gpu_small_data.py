@@ -237,6 +237,27 @@ def test_item2_runs_each_student_after_its_teacher_and_a_shared_run_once(monkeyp
   assert all(dep in keys for j in own for dep in j.after)
 
 
+def test_item2_runs_the_longer_students_after_their_teachers(monkeypatch, tmp_path):
+  module = _launcher()
+  _with_students(monkeypatch, module)
+  longer = sweep_tables.longer_students_table(
+    sweep_tables.BASELINE_WINNER, "resnet20", "agent_e100", False, epochs=200
+  )
+  monkeypatch.setitem(module.sweep_tables.TABLES, "students_long", longer)
+  jobs = module.plan("small_data", str(tmp_path))
+  assert len({j.workdir for j in jobs}) == len(jobs)
+  own = {f"{j.row.run_name}_seed{j.seed}": j.after for j in jobs if j.table.name == "students_long"}
+  # The baseline at 200 epochs is the methods table's run (BASELINE_SCHEDULE = 200).
+  assert sweep_tables.BASELINE_SCHEDULE == 200
+  assert set(own) == {
+    f"{r}_seed{s}"
+    for r in ("corr_resnet20_e200", "kd_resnet20_e200", "corr_agent_e100_e200")
+    for s in (0, 1)
+  }
+  assert own["corr_resnet20_e200_seed1"] == ("teachers/resnet20_seed1",)
+  assert own["corr_agent_e100_e200_seed0"] == ("teachers/agent_e100_seed0",)
+
+
 # A stand-in run: sleeps, then writes final.json with a validation top-1; SIGTERM ends it unsaved.
 _FAKE = """
 import json, pathlib, signal, sys, time

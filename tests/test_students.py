@@ -139,3 +139,40 @@ def test_a_students_report_counts_its_teachers_run_and_writes_its_own_files(tmp_
   assert "1.3000 + 0.6000 teacher (amortised over its 3 students: 0.2000) PFLOPs" in text
   sweep_report.write_report(tmp_path, report)
   assert (tmp_path / "students_table.md").exists() and not (tmp_path / "table.md").exists()
+
+
+@pytest.mark.parametrize("teacher_eval", [False, True])
+def test_students_at_the_longer_schedule_change_only_their_epochs(teacher_eval):
+  """Issue 84 item 4 where issue 81 chose 200 epochs: the winner's 200-epoch run (the schedule
+  check's) and the teachers reused; corr in the mode the 100-epoch table chose, KD alone, corr from
+  the other, each the 100-epoch student with only its epochs changed, in runs of their own."""
+  table = sweep_tables.longer_students_table(
+    "aug_light", "resnet20", "agent_e100", teacher_eval, epochs=200
+  )
+  short = sweep_tables.students_table("aug_light", "resnet20", "agent_e100")
+  check = sweep_tables.baseline_schedule_table("aug_light", epochs=200)
+  mode = "_eval" if teacher_eval else ""
+  assert [r.run_name for r in table.rows] == [
+    "aug_light_e200",
+    "resnet20",
+    "agent_e100",
+    f"corr_resnet20{mode}_e200",
+    "kd_resnet20_e200",
+    "corr_agent_e100_e200",
+  ]
+  assert _command(table, table.rows[0]) == _command(check, check.rows[1])  # Reused.
+  for name in ("resnet20", "agent_e100"):
+    assert _command(table, _row(table, name)) == _command(short, _row(short, name))
+  for row in table.rows[3:]:
+    shorter = _row(short, row.run_name.removesuffix("_e200"))
+    cmd, short_cmd = _command(table, row), _command(short, shorter)
+    assert [a for a in cmd if "workdir" not in a and not a.startswith("--config=")] == [
+      a for a in short_cmd if "workdir" not in a and not a.startswith("--config=")
+    ]
+    config, short_config = load_config(row.config), load_config(shorter.config)
+    configlib.validate(config)
+    assert config.num_epochs == 200 and short_config.num_epochs == 100
+    with short_config.unlocked():
+      short_config.num_epochs = 200
+    assert config.to_dict() == short_config.to_dict()
+  assert table.root == short.root and table.files == "students_e200_"

@@ -6,6 +6,7 @@ what they found.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from vitboot_jax.tools.sweep.spec import Row
@@ -446,3 +447,24 @@ def student_rows(winner: Row, teacher: str, other: str) -> tuple[Row, ...]:
       run="joint",
     ),
   )
+
+
+def longer_student_rows(
+  winner: Row, teacher: str, other: str, epochs: int, teacher_eval: bool
+) -> tuple[Row, ...]:
+  """The students at the baseline's longer schedule where issue 81's schedule check chose it
+  (issue 84, item 4), fixed before their runs: the winner at `epochs` (the schedule check's run
+  reused), both teachers (their runs reused), KD + the correlation hint from `teacher` in the mode
+  the shorter table chose on validation (`teacher_eval`), KD alone from it and the hint from
+  `other`; each a student_rows row with only its epochs changed."""
+  shorter = {r.run_name: r for r in student_rows(winner, teacher, other)}
+  names = (f"corr_{teacher}" + ("_eval" if teacher_eval else ""), f"kd_{teacher}", f"corr_{other}")
+
+  def longer(row: Row) -> Row:
+    path, _, args = row.config.partition(":")
+    args = ",".join(f"epochs={epochs}" if a.startswith("epochs=") else a for a in args.split(","))
+    run = f"{row.run_name}_e{epochs}"
+    return dataclasses.replace(row, name=run, config=f"{path}:{args}", run=run)
+
+  base = seed_method_rows(winner, epochs)[0]
+  return (base, *teacher_rows((teacher, other)), *(longer(shorter[n]) for n in names))

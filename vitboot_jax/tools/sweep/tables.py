@@ -372,6 +372,28 @@ def students_table(winner: str, teacher: str, other: str) -> Table:
   return _on_the_winner("students", title, "students_", rows, winner)
 
 
+# Whether the students' table read the teacher's predictions in evaluation mode better on
+# validation (corr_T_eval against corr_T): set once both have finished; the students at the
+# baseline's longer schedule then run in that mode (table students_long).
+TEACHER_EVAL: bool | None = None
+
+
+def longer_students_table(
+  winner: str, teacher: str, other: str, teacher_eval: bool, epochs: int = BASELINE_SCHEDULE
+) -> Table:
+  """The students at the baseline's schedule where it is longer than the grid's
+  (study_rows.longer_student_rows), 2 seeds, in the small-data root."""
+  title = f"Students at {epochs} epochs on the baseline ({winner}): {teacher}, {other}"
+  rows = functools.partial(
+    study_rows.longer_student_rows,
+    teacher=teacher,
+    other=other,
+    epochs=epochs,
+    teacher_eval=teacher_eval,
+  )
+  return _on_the_winner("students_long", title, f"students_e{epochs}_", rows, winner)
+
+
 def baseline_rows(init: str) -> tuple[Row, ...]:
   """The baseline table's rows with the augmentation rows (G5-G7) on `init`: the init G3/G4's
   winner chose ("official" or "standard"); launch/gpu_small_data.py picks it on validation."""
@@ -383,6 +405,8 @@ if BASELINE_WINNER:
   _TABLES += (baseline_schedule_table(BASELINE_WINNER), baseline_methods_table(BASELINE_WINNER))
   if TEACHER and OTHER_TEACHER:
     _TABLES += (students_table(BASELINE_WINNER, TEACHER, OTHER_TEACHER),)
+    if TEACHER_EVAL is not None and BASELINE_SCHEDULE > study_rows.BASELINE_EPOCHS:
+      _TABLES += (longer_students_table(BASELINE_WINNER, TEACHER, OTHER_TEACHER, TEACHER_EVAL),)
 TABLES: dict[str, Table] = {t.name: t for t in _TABLES}
 PAPER_TABLES = tuple(t.name for t in _TABLES if t.paper)
 
