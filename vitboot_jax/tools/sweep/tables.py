@@ -394,12 +394,6 @@ def longer_students_table(
   return _on_the_winner("students_long", title, f"students_e{epochs}_", rows, winner)
 
 
-def baseline_rows(init: str) -> tuple[Row, ...]:
-  """The baseline table's rows with the augmentation rows (G5-G7) on `init`: the init G3/G4's
-  winner chose ("official" or "standard"); launch/gpu_small_data.py picks it on validation."""
-  return study_rows.baseline_rows("configs/quickstart.py", init)
-
-
 TABLES_BY_NAME = {t.name: t for t in _TABLES}
 if BASELINE_WINNER:
   _TABLES += (baseline_schedule_table(BASELINE_WINNER), baseline_methods_table(BASELINE_WINNER))
