@@ -15,6 +15,7 @@ from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.tools.sweep import paper_results, study_rows
 from vitboot_jax.tools.sweep import report as sweep_report
+from vitboot_jax.tools.sweep import rules as sweep_rules
 from vitboot_jax.tools.sweep import runs as sweep_runs
 from vitboot_jax.tools.sweep import tables as sweep_tables
 
@@ -403,7 +404,7 @@ def test_the_schedule_check_doubles_the_winner_and_keeps_the_shorter_within_half
       {"name": short.name, "val_top1": {"vit": {"mean": val_short}}},
       {"name": long.name, "val_top1": {"vit": {"mean": val_long}}},
     ]
-    return sweep_report.chosen(table, entries)["row"]
+    return sweep_rules.chosen(table, entries)["row"]
 
   assert pick(58.70, 59.18) == "aug_light"  # +0.48: the shorter schedule stays.
   assert pick(58.70, 59.20) == "aug_light_e200"  # +0.50: doubling pays.
@@ -428,7 +429,7 @@ def test_the_teachers_rule_picks_the_resnet_size_then_it_or_the_agent_cheaper_wi
       }
       for r in table.rows
     ]
-    return sweep_report.chosen_teacher(table, entries)
+    return sweep_rules.chosen_teacher(table, entries)
 
   got = pick(agent_e100=70.0, resnet20=74.22, resnet56=76.0)
   assert (got["resnet"], got["teacher"], got["other"]) == ("resnet56", "resnet56", "agent_e100")
@@ -441,8 +442,8 @@ def test_the_teachers_rule_picks_the_resnet_size_then_it_or_the_agent_cheaper_wi
   got = pick(agent_e100=74.30, resnet20=74.22, resnet56=74.0)
   assert (got["resnet"], got["teacher"], got["other"]) == ("resnet20", "resnet20", "agent_e100")
   assert pick(resnet20=74.22, resnet56=76.0) == {"waiting_for": ["agent_e100"]}
-  assert sweep_report.chosen_teacher(sweep_tables.TABLES["baseline"], []) is None
-  lines = sweep_report._teacher_lines(pick(agent_e100=75.80, resnet20=74.22, resnet56=76.0))
+  assert sweep_rules.chosen_teacher(sweep_tables.TABLES["baseline"], []) is None
+  lines = sweep_rules.teacher_lines(pick(agent_e100=75.80, resnet20=74.22, resnet56=76.0))
   assert "the ResNet is **resnet56** (validation top-1: resnet20 74.22, resnet56 76.00)" in lines[1]
   assert "the teacher is **agent_e100** (75.80), the other **resnet56** (76.00)" in lines[1]
   assert "the cheaper to train, 0.532 PFLOPs against 0.676" in lines[1]

@@ -19,7 +19,7 @@ from etils import epath
 
 from vitboot_jax.base import files
 from vitboot_jax.run import progress, provenance
-from vitboot_jax.tools.sweep import paper_results
+from vitboot_jax.tools.sweep import paper_results, rules
 from vitboot_jax.tools.sweep.runs import Settings, absolute, command, row_config, workdir
 from vitboot_jax.tools.sweep.tables import MODEL_LABELS, Table, paper_top1, runs, teacher_run
 
@@ -195,63 +195,6 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
   return out
 
 
-def chosen(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
-  """The row a table picks on validation (Table.choose_within), with the best one it was measured
-  against; None where the table chooses nothing or no row has a validation top-1 yet."""
-  if table.choose_within is None:
-    return None
-  scored = [(e["name"], e["val_top1"]["vit"]["mean"]) for e in entries if e["val_top1"].get("vit")]
-  if not scored:
-    return None
-  best = max(scored, key=lambda item: item[1])
-  winner = next(item for item in scored if item[1] >= best[1] - table.choose_within)
-  return {
-    "row": winner[0],
-    "val_top1": winner[1],
-    "best_row": best[0],
-    "best_val_top1": best[1],
-    "within": table.choose_within,
-    "rows_with_validation": len(scored),
-    "rows": len(table.rows),
-  }
-
-
-def chosen_teacher(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
-  """The teachers' rule (Table.choose_teacher_within; docs/results.md, "Finished teachers"): the
-  CIFAR ResNet's size with the better validation top-1 (an exact tie: the cheaper), then the
-  better of that ResNet and the agent, the cheaper in training FLOPs within the margin; the other
-  of the two is the other teacher. {"waiting_for": rows} until every row has both numbers."""
-  within = table.choose_teacher_within
-  if within is None:
-    return None
-  val = {
-    e["name"]: e["val_top1"][e["models"][0]]["mean"]
-    for e in entries
-    if e["val_top1"].get(e["models"][0])
-  }
-  flops = {e["name"]: mean_pflops(e)[0] for e in entries if mean_pflops(e)}
-  resnets = [e["name"] for e in entries if e["models"] == ["cnn"]]
-  agents = [e["name"] for e in entries if e["models"] == ["agent"]]
-  missing = [n for n in agents + resnets if n not in val or n not in flops]
-  if missing or not resnets or len(agents) != 1:
-    return {"waiting_for": missing}
-  resnet = max(resnets, key=lambda n: (val[n], -flops[n]))
-  pair = (resnet, agents[0])
-  gap = abs(val[pair[0]] - val[pair[1]])
-  close = gap <= within + 1e-9  # Top-1 in % of 5,000 images moves in 0.02 steps.
-  teacher = min(pair, key=flops.get) if close else max(pair, key=val.get)
-  return {
-    "teacher": teacher,
-    "other": pair[1] if teacher == pair[0] else pair[0],
-    "resnet": resnet,
-    "resnets": resnets,
-    "val_top1": val,
-    "pflops": flops,
-    "within": within,
-    "close": close,
-  }
-
-
 def add_compute(table: Table, s: Settings, entries: list[dict[str, Any]]) -> None:
   """Per entry, each finished seed's training compute in PFLOPs (tools/train_compute.py) and,
   where it reads a finished teacher, the teacher run's of the same seed."""
@@ -318,8 +261,8 @@ def build_report(table: Table, s: Settings) -> dict[str, Any]:
     "train_seconds": train_seconds,
     "run_codes": codes,
     "rows": entries,
-    "chosen": chosen(table, entries),
-    "chosen_teacher": chosen_teacher(table, entries),
+    "chosen": rules.chosen(table, entries),
+    "chosen_teacher": rules.chosen_teacher(table, entries),
     "files": table.files,
     "curves": None,
   }
@@ -331,29 +274,6 @@ def _format_top1(stats: dict[str, Any] | None, seeds: int) -> str:
   if stats["std"] is None:
     return f"{stats['mean']:.2f}" + (" (1 seed)" if seeds > 1 else "")
   return f"{stats['mean']:.2f} ± {stats['std']:.2f} [{stats['min']:.2f}, {stats['max']:.2f}]"
-
-
-def _teacher_lines(pick: dict[str, Any] | None) -> list[str]:
-  """The teachers' rule as read (chosen_teacher), or what it waits for."""
-  if not pick:
-    return []
-  if "teacher" not in pick:
-    return ["", f"The teachers' rule waits for: {', '.join(pick['waiting_for'])}."]
-  val, flops = pick["val_top1"], pick["pflops"]
-  sizes = ", ".join(f"{n} {val[n]:.2f}" for n in pick["resnets"])
-  teacher, other = pick["teacher"], pick["other"]
-  why = (
-    f"within {pick['within']:g} point of each other: the cheaper to train, {flops[teacher]:.3f} "
-    f"PFLOPs against {flops[other]:.3f}"
-    if pick["close"]
-    else f"{val[teacher] - val[other]:+.2f} point on validation"
-  )
-  return [
-    "",
-    f"The teachers' rule, on validation, never on the test split: the ResNet is "
-    f"**{pick['resnet']}** (validation top-1: {sizes}); the teacher is **{teacher}** "
-    f"({val[teacher]:.2f}), the other **{other}** ({val[other]:.2f}): {why}.",
-  ]
 
 
 def table_markdown(report: dict[str, Any]) -> str:
@@ -396,20 +316,8 @@ def table_markdown(report: dict[str, Any]) -> str:
         f"| {','.join(map(str, r['seeds_done'])) or '—'} | {epochs or '—'} "
         f"| {duration if r['seeds_done'] else '—'} | `{config}` |"
       )
-  pick = report.get("chosen")
-  if pick:
-    lines += [
-      "",
-      f"Chosen on validation, never on the test split: **{pick['row']}** "
-      f"({pick['val_top1']:.2f}; the best is {pick['best_row']}, {pick['best_val_top1']:.2f}: of "
-      f"the rows within {pick['within']:g} point of the best, the first in table order)"
-      + (
-        "."
-        if pick["rows_with_validation"] == pick["rows"]
-        else f"; so far: {pick['rows_with_validation']} of {pick['rows']} rows have finished."
-      ),
-    ]
-  lines += _teacher_lines(report.get("chosen_teacher"))
+  lines += rules.chosen_lines(report.get("chosen"))
+  lines += rules.teacher_lines(report.get("chosen_teacher"))
   lines += [
     "",
     f"Total training time {progress.duration(report['train_seconds'])}; table written at commit "

@@ -53,7 +53,7 @@ class Table:
   # top-1 of the ViT at the final epoch; of the rows within this many points of it, the first in
   # table order (the fewest switches). None: the table chooses nothing.
   choose_within: float | None = None
-  # Pick a teacher on validation (report.chosen_teacher): the CIFAR ResNet's size by validation
+  # Pick a teacher on validation (rules.chosen_teacher): the CIFAR ResNet's size by validation
   # top-1, then that ResNet or the agent, the cheaper in training FLOPs where they are within this
   # many points. None: no teacher is picked.
   choose_teacher_within: float | None = None

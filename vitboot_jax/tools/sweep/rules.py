@@ -1,0 +1,112 @@
+"""The rules a table picks a row by, read on the validation split only (never the test split),
+and their lines in the sweep's report: the screening grid's winner (Table.choose_within) and the
+small-data study's teacher (Table.choose_teacher_within). Each is written before its table's runs
+(docs/results.md) and read from the report's entries (report.aggregate)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from vitboot_jax.tools.sweep.spec import Table
+
+
+def chosen(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+  """The row a table picks on validation (Table.choose_within), with the best one it was measured
+  against; None where the table chooses nothing or no row has a validation top-1 yet."""
+  if table.choose_within is None:
+    return None
+  scored = [(e["name"], e["val_top1"]["vit"]["mean"]) for e in entries if e["val_top1"].get("vit")]
+  if not scored:
+    return None
+  best = max(scored, key=lambda item: item[1])
+  winner = next(item for item in scored if item[1] >= best[1] - table.choose_within)
+  return {
+    "row": winner[0],
+    "val_top1": winner[1],
+    "best_row": best[0],
+    "best_val_top1": best[1],
+    "within": table.choose_within,
+    "rows_with_validation": len(scored),
+    "rows": len(table.rows),
+  }
+
+
+def chosen_teacher(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+  """The teachers' rule (Table.choose_teacher_within; docs/results.md, "Finished teachers"): the
+  CIFAR ResNet's size with the better validation top-1 (an exact tie: the cheaper), then the
+  better of that ResNet and the agent, the cheaper in training FLOPs within the margin; the other
+  of the two is the other teacher. {"waiting_for": rows} until every row has both numbers."""
+  within = table.choose_teacher_within
+  if within is None:
+    return None
+  val = {
+    e["name"]: e["val_top1"][e["models"][0]]["mean"]
+    for e in entries
+    if e["val_top1"].get(e["models"][0])
+  }
+  flops = {
+    e["name"]: statistics.fmean(e["train_pflops"].values())
+    for e in entries
+    if e.get("train_pflops")
+  }
+  resnets = [e["name"] for e in entries if e["models"] == ["cnn"]]
+  agents = [e["name"] for e in entries if e["models"] == ["agent"]]
+  missing = [n for n in agents + resnets if n not in val or n not in flops]
+  if missing or not resnets or len(agents) != 1:
+    return {"waiting_for": missing}
+  resnet = max(resnets, key=lambda n: (val[n], -flops[n]))
+  pair = (resnet, agents[0])
+  gap = abs(val[pair[0]] - val[pair[1]])
+  close = gap <= within + 1e-9  # Top-1 in % of 5,000 images moves in 0.02 steps.
+  teacher = min(pair, key=flops.get) if close else max(pair, key=val.get)
+  return {
+    "teacher": teacher,
+    "other": pair[1] if teacher == pair[0] else pair[0],
+    "resnet": resnet,
+    "resnets": resnets,
+    "val_top1": val,
+    "pflops": flops,
+    "within": within,
+    "close": close,
+  }
+
+
+def chosen_lines(pick: dict[str, Any] | None) -> list[str]:
+  """The winner `chosen` read, with how many rows it has read so far."""
+  if not pick:
+    return []
+  read = (
+    "."
+    if pick["rows_with_validation"] == pick["rows"]
+    else f"; so far: {pick['rows_with_validation']} of {pick['rows']} rows have finished."
+  )
+  return [
+    "",
+    f"Chosen on validation, never on the test split: **{pick['row']}** "
+    f"({pick['val_top1']:.2f}; the best is {pick['best_row']}, {pick['best_val_top1']:.2f}: of "
+    f"the rows within {pick['within']:g} point of the best, the first in table order){read}",
+  ]
+
+
+def teacher_lines(pick: dict[str, Any] | None) -> list[str]:
+  """The teachers' rule as read (chosen_teacher), or what it waits for."""
+  if not pick:
+    return []
+  if "teacher" not in pick:
+    return ["", f"The teachers' rule waits for: {', '.join(pick['waiting_for'])}."]
+  val, flops = pick["val_top1"], pick["pflops"]
+  sizes = ", ".join(f"{n} {val[n]:.2f}" for n in pick["resnets"])
+  teacher, other = pick["teacher"], pick["other"]
+  why = (
+    f"within {pick['within']:g} point of each other: the cheaper to train, {flops[teacher]:.3f} "
+    f"PFLOPs against {flops[other]:.3f}"
+    if pick["close"]
+    else f"{val[teacher] - val[other]:+.2f} point on validation"
+  )
+  return [
+    "",
+    f"The teachers' rule, on validation, never on the test split: the ResNet is "
+    f"**{pick['resnet']}** (validation top-1: {sizes}); the teacher is **{teacher}** "
+    f"({val[teacher]:.2f}), the other **{other}** ({val[other]:.2f}): {why}.",
+  ]
