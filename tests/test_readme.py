@@ -52,6 +52,7 @@ def test_no_module_is_over_the_house_limit():
     ("sweep --table=imagenet", "imagenet", (), PAPER_TABLES),
     ("sweep --table=ablation", "ablation", (), README),
   ],
+  ids=["cifar100", "imagenet", "ablation"],  # Not the documents' text: the durations print ids.
 )
 def test_paper_tables_are_generated_from_paper_results(marker, table, also, text):
   assert _block(marker, text) == sweep_tables.rows_markdown(sweep_tables.TABLES[table], *also)
