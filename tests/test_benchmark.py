@@ -192,6 +192,9 @@ def test_a_cnn_config_is_timed_in_its_own_mode_and_refused_in_a_vits():
   resnet = load_config("configs/cifar_resnet.py:model=resnet20")
   assert benchmark.default_modes(resnet) == ("cnn",)
   assert benchmark.default_modes(load_config("tiny_config")) == benchmark.ALL_MODES
+  # Each tool's ViT default (kernel_ab's, profile_step's) gives way to a CNN config's own mode.
+  assert benchmark.default_modes(resnet, ("vit", "shared")) == ("cnn",)
+  assert benchmark.default_modes(load_config("tiny_config"), ("shared",)) == ("shared",)
   cnn = benchmark.mode_config(resnet, "cnn", batch=8)
   # Its own recipe: SGD, no clipping, the CNN named; only the batch changes.
   assert (cnn.mode, cnn.cnn.name, cnn.optim.name, cnn.batch_size) == ("cnn", "resnet20", "sgd", 8)

@@ -151,9 +151,12 @@ def switch_mode(c: ml_collections.ConfigDict, mode: str) -> None:
     c.agent.mlp_dropout, c.agent.residual_dropout = 0.1, 0.0
 
 
-def default_modes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-  """The modes a perf tool times when none is named: a CNN config's own, else ALL_MODES."""
-  return (CNN_MODE,) if config.mode == CNN_MODE else ALL_MODES
+def default_modes(
+  config: ml_collections.ConfigDict, vit_modes: Sequence[str] = ALL_MODES
+) -> tuple[str, ...]:
+  """The modes a perf tool times when none is named: a CNN config's own, else `vit_modes` (each
+  tool's ViT default)."""
+  return (CNN_MODE,) if config.mode == CNN_MODE else tuple(vit_modes)
 
 
 def mode_config(

@@ -224,11 +224,6 @@ def run(
 _FLAGS: dict[str, Any] = {}
 
 
-def _modes(config: ml_collections.ConfigDict) -> list[str]:
-  """The modes timed when --modes names none: the ViT alone and shared, or a CNN config's own."""
-  return [benchmark.CNN_MODE] if config.mode == benchmark.CNN_MODE else ["vit", "shared"]
-
-
 def define_flags() -> None:
   _FLAGS["config"] = config_flags.DEFINE_config_file("config", None, "Config file.")
   _FLAGS["switch"] = flags.DEFINE_enum("switch", None, sorted(SWITCHES), "Kernel choice to A/B.")
@@ -259,7 +254,8 @@ def main(argv: Sequence[str]) -> None:
     batch=batch,
     steps=value["steps"],
     warmup=value["warmup"],
-    modes=[m.strip() for m in value["modes"] if m.strip()] or _modes(config),
+    modes=[m.strip() for m in value["modes"] if m.strip()]
+    or list(benchmark.default_modes(config, ("vit", "shared"))),
     dtype=value["dtype"],
     xla_options=parse_options(value["xla_options"]),
     emit=functools.partial(print, flush=True),

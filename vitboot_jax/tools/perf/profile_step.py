@@ -369,7 +369,7 @@ def main(argv: Sequence[str]) -> None:
   batch = benchmark.lay_out_host(value)
   run(
     config,
-    mode=value["mode"] or (benchmark.CNN_MODE if config.mode == benchmark.CNN_MODE else "shared"),
+    mode=value["mode"] or benchmark.default_modes(config, ("shared",))[0],
     batch=batch,
     steps=value["steps"],
     warmup=value["warmup"],

@@ -214,15 +214,6 @@ def add_compute(table: Table, s: Settings, entries: list[dict[str, Any]]) -> Non
     e["teacher_pflops"] = {seed: teacher[seed] for seed in e["train_pflops"] if seed in teacher}
 
 
-def mean_pflops(entry: dict[str, Any]) -> tuple[float, float] | None:
-  """(own, teacher's) PFLOPs of a row, means over its finished seeds; None where not counted."""
-  own = entry.get("train_pflops")
-  if not own:
-    return None
-  teacher = entry.get("teacher_pflops") or {}
-  return statistics.fmean(own.values()), statistics.fmean(teacher.values()) if teacher else 0.0
-
-
 def run_codes(workdir: epath.PathLike) -> list[str]:
   """The short commit of each launch of the run in `workdir` ("+" where its checkout had
   uncommitted changes, "?" where none was known); [] for a run from before launches were kept."""
@@ -422,7 +413,7 @@ def reference_markdown(report: dict[str, Any], compared: list[dict[str, Any]]) -
     teacher = f" (incl. {r['teacher']})" if r["teacher"] else ""
     compute = progress.duration(r["train_seconds_with_teacher"]) + teacher
     compute += " (*)" if r["compute_resumed"] else ""
-    pflops = mean_pflops(r)
+    pflops = rules.mean_pflops(r)
     if pflops is not None:
       own, teacher_share = pflops
       counted = f"{own:.4f}" + (f" + {teacher_share:.4f} teacher" if teacher_share else "")

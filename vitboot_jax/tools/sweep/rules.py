@@ -11,6 +11,15 @@ from typing import Any
 from vitboot_jax.tools.sweep.spec import Table
 
 
+def mean_pflops(entry: dict[str, Any]) -> tuple[float, float] | None:
+  """(own, teacher's) PFLOPs of a row, means over its finished seeds; None where not counted."""
+  own = entry.get("train_pflops")
+  if not own:
+    return None
+  teacher = entry.get("teacher_pflops") or {}
+  return statistics.fmean(own.values()), statistics.fmean(teacher.values()) if teacher else 0.0
+
+
 def chosen(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
   """The row a table picks on validation (Table.choose_within), with the best one it was measured
   against; None where the table chooses nothing or no row has a validation top-1 yet."""
@@ -45,11 +54,7 @@ def chosen_teacher(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any
     for e in entries
     if e["val_top1"].get(e["models"][0])
   }
-  flops = {
-    e["name"]: statistics.fmean(e["train_pflops"].values())
-    for e in entries
-    if e.get("train_pflops")
-  }
+  flops = {e["name"]: mean_pflops(e)[0] for e in entries if e.get("train_pflops")}
   resnets = [e["name"] for e in entries if e["models"] == ["cnn"]]
   agents = [e["name"] for e in entries if e["models"] == ["agent"]]
   missing = [n for n in agents + resnets if n not in val or n not in flops]
