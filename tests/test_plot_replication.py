@@ -184,12 +184,27 @@ def test_aggregate_mean_spread_and_missing_rows(tmp_path):
   table = (tmp_path / "table.md").read_text()
   assert "| vit | ViT | ViT alone | 52.00 ± 2.83 [50.00, 54.00] | done |" in table
   assert "61.00 (1 seed)" in table and "(!)" in table
-  # A resumed seed's final.json times only the steps after the resume: its row is marked.
+  # A resumed seed's earlier launches are timed from their logged rates: its row is marked.
   lines = table.splitlines()
   assert all("(*)" in line for line in lines if line.startswith("| shared_noalign |"))
   assert "(*)" not in next(line for line in lines if line.startswith("| vit |"))
   assert any(line.startswith("(*) a seed of this row") for line in lines)
   assert "not run" in next(line for line in lines if line.startswith("| vit_mimetic |"))
+
+
+def test_a_resumed_seed_is_timed_from_its_earlier_launches_logged_rates(tmp_path):
+  # Batch 10; the first launch logged steps 10-40 at 100 img/s and was killed after saving at 25;
+  # the second resumed there, logged 30-50 at 50 img/s, saved at 50; the last ran 50-60 in 7 s.
+  (tmp_path / "config.json").write_text(json.dumps({"batch_size": 10}))
+  first = [{"step": k, "train/img_per_s": 100.0} for k in (10, 20, 30, 40)]
+  second = [{"step": k, "train/img_per_s": 50.0} for k in (30, 40, 50, 60)]
+  evals = [{"step": 20, "eval/top1_vit": 0.5}]  # Lines without a rate add nothing.
+  lines = first + evals + second
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+  final = {"train_seconds_this_run": 7.0, "resumed_from_step": 50}
+  # Steps 1-20 at 100 img/s (2 s), 21-50 at the second launch's 50 img/s (6 s), then the last 7 s.
+  assert sweep_report.seed_seconds(tmp_path, final) == pytest.approx(2.0 + 6.0 + 7.0)
+  assert sweep_report.seed_seconds(tmp_path, {**final, "resumed_from_step": 0}) == 7.0
 
 
 def test_plot_curves_over_first_seed(tmp_path):

@@ -61,9 +61,9 @@ printed (the table lists every row); --override adds a flag to every run alike.
 Where ROOT exists, ROOT/table.md and ROOT/table.json (under the table's prefix, if any) get per row
 and model the paper's top-1 and the mean and spread (sample std, min-max) of ours over the finished
 seeds, the epochs, the training wall time (sum over seeds of final.json's `train_seconds_this_run`:
-the training loop with its compilation and evaluations; marked (*) when a seed resumed, as it then
-counts only the steps after the resume) and the commit; ROOT/curves.png gets the first seed's curves
-(tools/plot.py, needs matplotlib).
+the training loop with its compilation and evaluations; marked (*) when a seed resumed, whose
+steps before its last launch are timed from the rates the earlier launches logged) and the
+commit; ROOT/curves.png gets the first seed's curves (tools/plot.py, needs matplotlib).
 
 SIGTERM or Ctrl-C to a running sweep reaches the run in progress as SIGTERM: it saves its
 checkpoint and exits, the sweep writes the table so far and exits with the run's code (143/130);

@@ -82,6 +82,30 @@ def evaluations(workdir: epath.Path, split: str = "eval") -> list[dict[str, floa
   return out
 
 
+RATE = "train/img_per_s"
+
+
+def seed_seconds(workdir: epath.Path, final: dict[str, Any]) -> float:
+  """A finished seed's training time: its last launch's (final.json), and where that launch
+  resumed, the steps before it timed from the rates the earlier launches logged (each step once,
+  at the rate of the latest line that logged it; their evaluations and start-ups not counted)."""
+  seconds = float(final.get("train_seconds_this_run", 0.0))
+  resumed = int(final.get("resumed_from_step", 0))
+  if resumed <= 0:
+    return seconds
+  batch = (_read_json(workdir / "config.json") or {}).get("batch_size")
+  rates = {}  # Step -> img/s; a step logged again after a kill keeps its latest rate.
+  for record in files.read_jsonl(workdir / "metrics.jsonl"):
+    if RATE in record and 0 < record["step"] <= resumed:
+      rates[int(record["step"])] = float(record[RATE])
+  previous = 0
+  for step in sorted(rates):  # Each step once, at the rate of the line that logged it.
+    if batch and rates[step] > 0:
+      seconds += (step - previous) * batch / rates[step]
+    previous = step
+  return seconds
+
+
 def against_reference(entries: list[dict[str, Any]], reference: str) -> None:
   """Adds to every entry with a ViT its ViT's final top-1 against the reference row's: the
   difference of the means, the pooled sample std, the per-seed differences and whether it helps
@@ -142,8 +166,11 @@ def aggregate(table: Table, s: Settings) -> list[dict[str, Any]]:
       "seeds_incomplete": started,
       "epochs": run_epochs,
       "epochs_match": s.epochs is None or all(math.isclose(e, s.epochs) for e in run_epochs),
-      "train_seconds": sum(float(f.get("train_seconds_this_run", 0.0)) for f in finals.values()),
-      # final.json times only the last run of a workdir, so a resumed seed's time is too short.
+      "train_seconds": sum(
+        seed_seconds(absolute(workdir(s, row, k)), f) for k, f in finals.items()
+      ),
+      # final.json times only the last launch of a workdir: a resumed seed's earlier steps are
+      # timed from their logged rates (seed_seconds).
       "seeds_resumed": sorted(k for k, f in finals.items() if f.get("resumed_from_step", 0) > 0),
       "paper_top1": {m: paper_top1(table, row, m) for m in row.models},
       "top1": {
@@ -329,7 +356,8 @@ def table_markdown(report: dict[str, Any]) -> str:
   if any(r["seeds_resumed"] for r in report["rows"]):
     lines.append(
       "(*) a seed of this row (in the compute column, or of its teacher) resumed from a "
-      "checkpoint: its time counts only the steps after it."
+      "checkpoint: the steps before its last launch are timed from the rates its earlier launches "
+      "logged, without their evaluations and start-ups."
     )
   if not all(r["epochs_match"] for r in report["rows"]):
     lines.append(f"(!) a finished run of this row trained other than {report['epochs']:g} epochs.")
