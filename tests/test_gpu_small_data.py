@@ -200,7 +200,7 @@ def test_item2_runs_the_seed_methods_and_teachers_rows_in_one_root(tmp_path):
     assert f"--workdir={tmp_path / 'r' / run.split('/')[1]}" in args  # One root for all.
   assert configs[f"{base}_seed0"][1].model.init == "standard"
   assert configs[f"mimetic_e{e}_seed1"][1].model.init == "mimetic"
-  assert configs[f"drloc_e{e}_seed0"][1].drloc.weight == 0.1
+  assert configs[f"drloc_e{e}_seed0"][1].drloc.weight == study_rows.DRLOC_VIT_LAMBDA == 0.01
 
 
 def _rows(which):

@@ -379,7 +379,8 @@ def test_the_seed_methods_table_adds_one_switch_to_the_winner():
     assert row.config.startswith(grid["aug_medium"].config.split(",randaug")[0].split(":")[0])
     configlib.validate(_config(row.config))
   assert _config(methods[0].config).model.init == "mimetic"
-  assert _config(methods[2].config).drloc.weight == sweep_tables.study_rows.DRLOC_LAMBDA
+  # DrLoc at its paper's weight for a plain ViT (0.01, Supp. C), not its T2T/CvT weight (0.1).
+  assert _config(methods[2].config).drloc.weight == 0.01
   std = sweep_tables.baseline_methods_table("base_hygiene_std", epochs=200)
   assert std.rows[0].run_name == "base_hygiene_std_e200"  # Another schedule: a run of its own.
   assert ",epochs=200," in std.rows[1].config and "init=standard" not in std.rows[1].config
