@@ -387,6 +387,48 @@ def test_the_seed_methods_table_adds_one_switch_to_the_winner():
   assert table.root == sweep_tables.TABLES["baseline"].root and table.seeds == (0, 1)
 
 
+def test_the_seed_methods_verdict_waits_for_both_seeds_and_reads_both_splits(tmp_path):
+  """The rule written before the runs: "helps" by the report's rule (test), else "goes its
+  paper's way" where ahead in every seed on test and validation, else "no gain shown"; nothing
+  until the method and the baseline have both seeds."""
+  table = sweep_tables.baseline_methods_table("aug_light", epochs=200)
+  assert dict(table.paper_gains) == {"mimetic": 2.53, "impulse3": 2.99, "drloc": 2.21}
+  s = sweep_runs.settings(table, root=str(tmp_path), seeds=[0, 1])
+  finals = {  # run -> per seed (test top-1, validation top-1)
+    "aug_light_e200": [(0.58, 0.59), (0.59, 0.60)],
+    "mimetic_e200": [(0.62, 0.63), (0.63, 0.64)],  # +4 in both seeds, spread 0.7: helps.
+    "impulse3_e200": [(0.581, 0.595), (0.60, 0.601)],  # Ahead everywhere, within the noise.
+    "drloc_e200": [(0.59, 0.58)],  # One seed only.
+  }
+  for run, seeds in finals.items():
+    for seed, (test, val) in enumerate(seeds):
+      wd = tmp_path / f"{run}_seed{seed}"
+      wd.mkdir()
+      final = {"epochs": 200, "top1_vit": test, "val_top1_vit": val}
+      (wd / "final.json").write_text(json.dumps(final))
+  report = sweep_report.build_report(table, s)
+  found = {v["row"]: v for v in report["verdicts"]}
+  assert found["mimetic"]["verdict"] == "helps"
+  assert found["mimetic"]["test_diff"] == pytest.approx(4.0)
+  assert found["impulse3"]["verdict"] == "goes its paper's way"
+  assert found["impulse3"]["per_seed"]["val_top1"] == pytest.approx({0: 0.5, 1: 0.1})
+  assert found["drloc"] == {"row": "drloc", "reference": "aug_light", "waiting_for": ["drloc"]}
+  # Behind on validation in one seed: no gain shown, however the test split reads.
+  (tmp_path / "impulse3_e200_seed1" / "final.json").write_text(
+    json.dumps({"epochs": 200, "top1_vit": 0.60, "val_top1_vit": 0.599})
+  )
+  found = {v["row"]: v for v in sweep_report.build_report(table, s)["verdicts"]}
+  assert found["impulse3"]["verdict"] == "no gain shown"
+  text = sweep_report.table_markdown(sweep_report.build_report(table, s))
+  assert (
+    "- mimetic: **helps**: test +4.00 (per seed +4.00, +4.00), validation +4.00; its "
+    "paper: +2.53." in text
+  )
+  assert "- drloc: waits for every seed of drloc." in text
+  # A table without paper gains has no verdicts.
+  assert sweep_report.build_report(sweep_tables.TABLES["baseline"], s)["verdicts"] == []
+
+
 def test_the_schedule_check_doubles_the_winner_and_keeps_the_shorter_within_half_a_point():
   """Item 4: the winner's grid run (reused) and the winner at 200 epochs, seed 0, whose run the
   methods table at 200 epochs would reuse; the longer wins only with a gain of 0.5 or more."""

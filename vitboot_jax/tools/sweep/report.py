@@ -281,6 +281,7 @@ def build_report(table: Table, s: Settings) -> dict[str, Any]:
     "rows": entries,
     "chosen": rules.chosen(table, entries),
     "chosen_teacher": rules.chosen_teacher(table, entries),
+    "verdicts": rules.verdicts(table, entries),
     "files": table.files,
     "curves": None,
   }
@@ -336,6 +337,7 @@ def table_markdown(report: dict[str, Any]) -> str:
       )
   lines += rules.chosen_lines(report.get("chosen"))
   lines += rules.teacher_lines(report.get("chosen_teacher"))
+  lines += rules.verdict_lines(report.get("verdicts"))
   lines += [
     "",
     f"Total training time {progress.duration(report['train_seconds'])}; table written at commit "

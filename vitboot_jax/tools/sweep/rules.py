@@ -1,6 +1,7 @@
 """The rules a table picks a row by, read on the validation split only (never the test split),
 and their lines in the sweep's report: the screening grid's winner (Table.choose_within) and the
-small-data study's teacher (Table.choose_teacher_within). Each is written before its table's runs
+small-data study's teacher (Table.choose_teacher_within); and the verdict on methods set against
+their papers (Table.paper_gains). Each is written before its table's runs
 (docs/results.md) and read from the report's entries (report.aggregate)."""
 
 from __future__ import annotations
@@ -115,3 +116,69 @@ def teacher_lines(pick: dict[str, Any] | None) -> list[str]:
     f"**{pick['resnet']}** (validation top-1: {sizes}); the teacher is **{teacher}** "
     f"({val[teacher]:.2f}), the other **{other}** ({val[other]:.2f}): {why}.",
   ]
+
+
+def _per_seed(entry: dict[str, Any], split: str) -> dict[int, float]:
+  stats = entry[split].get("vit")
+  return dict(zip(entry["seeds_done"], stats["values"])) if stats else {}
+
+
+def verdicts(table: Table, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Per method of Table.paper_gains, once it and the reference have every seed of the table
+  (docs/results.md, the seeds' methods' verdict): "helps" where the report's rule says so (the
+  test mean ahead by more than twice the pooled std and ahead in every seed), else "goes its
+  paper's way" where it is ahead in every seed on test and on validation, else "no gain shown";
+  with the differences and the paper's gain. {"row", "waiting_for"} until then."""
+  by_name = {e["name"]: e for e in entries}
+  reference = by_name.get(table.reference) if table.reference else None
+  out = []
+  for name, paper_gain in table.paper_gains:
+    entry = by_name.get(name)
+    missing = [
+      e["name"] if e else "?"
+      for e in (entry, reference)
+      if not e or sorted(e["seeds_done"]) != sorted(table.seeds)
+    ]
+    if missing:
+      out.append({"row": name, "reference": table.reference, "waiting_for": missing})
+      continue
+    diffs = {
+      split: {k: v - _per_seed(reference, split)[k] for k, v in _per_seed(entry, split).items()}
+      for split in ("top1", "val_top1")
+    }
+    ahead = all(d > 0 for split in diffs.values() for d in split.values())
+    helps = bool(entry.get("vs_reference", {}).get("helps"))
+    out.append(
+      {
+        "row": name,
+        "reference": table.reference,
+        "verdict": "helps" if helps else "goes its paper's way" if ahead else "no gain shown",
+        "test_diff": statistics.fmean(diffs["top1"].values()),
+        "val_diff": statistics.fmean(diffs["val_top1"].values()),
+        "per_seed": diffs,
+        "paper_gain": paper_gain,
+      }
+    )
+  return out
+
+
+def verdict_lines(found: list[dict[str, Any]] | None) -> list[str]:
+  """One line a method: its verdict against the table's reference, or what it waits for."""
+  if not found:
+    return []
+  reference = found[0]["reference"]
+  lines = [
+    "",
+    f"The methods against their papers, each set against {reference} (the rule written "
+    "before the runs, docs/results.md):",
+  ]
+  for v in found:
+    if "verdict" not in v:
+      lines.append(f"- {v['row']}: waits for every seed of {', '.join(v['waiting_for'])}.")
+      continue
+    seeds = ", ".join(f"{d:+.2f}" for d in v["per_seed"]["top1"].values())
+    lines.append(
+      f"- {v['row']}: **{v['verdict']}**: test {v['test_diff']:+.2f} (per seed {seeds}), "
+      f"validation {v['val_diff']:+.2f}; its paper: {v['paper_gain']:+.2f}."
+    )
+  return lines

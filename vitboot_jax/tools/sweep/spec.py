@@ -57,3 +57,7 @@ class Table:
   # top-1, then that ResNet or the agent, the cheaper in training FLOPs where they are within this
   # many points. None: no teacher is picked.
   choose_teacher_within: float | None = None
+  # Methods set against their papers (rules.verdicts): (row name, the paper's gain in points over
+  # the paper's own baseline), each row read against the table's reference once every seed of
+  # both has finished. Empty: no verdicts.
+  paper_gains: tuple[tuple[str, float], ...] = ()

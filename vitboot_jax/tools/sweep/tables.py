@@ -300,7 +300,7 @@ def _on_the_winner(
 ) -> Table:
   """A table of rows built on the grid's `winner` (rows(winner_row)), `seeds` (2 by default), in
   the grid's root and with its flags, so the winner's grid run is reused; each row set against
-  the winner; `choose` as Table's (choose_within)."""
+  the winner; `choose` as Table's (choose_within, paper_gains)."""
   grid = TABLES_BY_NAME["baseline"]
   row = next(r for r in grid.rows if r.name == winner)
   return Table(
@@ -352,7 +352,8 @@ def baseline_methods_table(winner: str, epochs: int = BASELINE_SCHEDULE) -> Tabl
     f"The seeds' methods on the baseline ({winner}, {epochs} epochs): mimetic, impulse-3, DrLoc"
   )
   rows = functools.partial(study_rows.seed_method_rows, epochs=epochs)
-  return _on_the_winner("baseline_methods", title, "methods_", rows, winner)
+  gains = tuple(study_rows.SEED_METHOD_PAPER_GAINS.items())
+  return _on_the_winner("baseline_methods", title, "methods_", rows, winner, paper_gains=gains)
 
 
 # The teacher the teachers table chose by its rule (docs/results.md) and the other candidate: set
