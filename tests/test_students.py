@@ -141,6 +141,32 @@ def test_a_students_report_counts_its_teachers_run_and_writes_its_own_files(tmp_
   assert (tmp_path / "students_table.md").exists() and not (tmp_path / "table.md").exists()
 
 
+def test_the_70_percent_target_reads_the_students_of_at_most_100_epochs_with_every_seed(tmp_path):
+  table = sweep_tables.students_table("base_hygiene", "resnet20", "agent_e100")
+  assert table.target == (70.0, 100)
+  s = sweep_runs.settings(table, root=str(tmp_path), seeds=[0, 1])
+  results = {  # run -> the ViT's test top-1 per finished seed
+    "base_hygiene": (0.55, 0.56),
+    "corr_resnet20": (0.66, 0.68),
+    "kd_resnet20": (0.70,),  # One seed: waits, however high.
+    "vit_matched_resnet20": (0.75, 0.75),  # 221 epochs: outside the target's schedule.
+  }
+  for run, seeds in results.items():
+    for seed, top1 in enumerate(seeds):
+      (tmp_path / f"{run}_seed{seed}").mkdir()
+      final = {"epochs": 100, "top1_vit": top1}
+      (tmp_path / f"{run}_seed{seed}" / "final.json").write_text(json.dumps(final))
+  read = sweep_report.build_report(table, s)["target"]
+  assert (read["best_row"], read["best_top1"], read["reached"]) == ("corr_resnet20", 67.0, [])
+  assert "kd_resnet20" in read["waiting_for"] and "vit_matched_resnet20" not in read["waiting_for"]
+  text = sweep_report.table_markdown(sweep_report.build_report(table, s))
+  assert "not reached: the closest is **corr_resnet20** (67.00, 3.00 short); waiting for " in text
+  (tmp_path / "kd_resnet20_seed1").mkdir()
+  (tmp_path / "kd_resnet20_seed1" / "final.json").write_text('{"epochs": 100, "top1_vit": 0.71}')
+  read = sweep_report.build_report(table, s)["target"]
+  assert read["reached"] == ["kd_resnet20"] and read["best_top1"] == pytest.approx(70.5)
+
+
 @pytest.mark.parametrize("teacher_eval", [False, True])
 def test_students_at_the_longer_schedule_change_only_their_epochs(teacher_eval):
   """Issue 84 item 4 where issue 81 chose 200 epochs: the winner's 200-epoch run (the schedule

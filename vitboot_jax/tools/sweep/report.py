@@ -282,6 +282,7 @@ def build_report(table: Table, s: Settings) -> dict[str, Any]:
     "chosen": rules.chosen(table, entries),
     "chosen_teacher": rules.chosen_teacher(table, entries),
     "verdicts": rules.verdicts(table, entries),
+    "target": rules.target(table, entries),
     "files": table.files,
     "curves": None,
   }
@@ -338,6 +339,7 @@ def table_markdown(report: dict[str, Any]) -> str:
   lines += rules.chosen_lines(report.get("chosen"))
   lines += rules.teacher_lines(report.get("chosen_teacher"))
   lines += rules.verdict_lines(report.get("verdicts"))
+  lines += rules.target_lines(report.get("target"))
   lines += [
     "",
     f"Total training time {progress.duration(report['train_seconds'])}; table written at commit "

@@ -6,6 +6,7 @@ their papers (Table.paper_gains). Each is written before its table's runs
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Any
 
@@ -182,3 +183,50 @@ def verdict_lines(found: list[dict[str, Any]] | None) -> list[str]:
       f"validation {v['val_diff']:+.2f}; its paper: {v['paper_gain']:+.2f}."
     )
   return lines
+
+
+def _epochs(entry: dict[str, Any]) -> float:
+  """A row's schedule: its config's epochs= arg, else what its finished runs trained."""
+  found = re.search(r"[:,]epochs=(\d+)", entry["config"])
+  return float(found.group(1)) if found else max(entry["epochs"], default=0.0)
+
+
+def target(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+  """Table.target read on the ViT rows of at most its epochs with every seed of the table: the
+  best of them, the rows that reach the target and the rows still waiting; None where the table
+  has no target."""
+  if table.target is None:
+    return None
+  top1, epochs = table.target
+  vit = [e for e in entries if "vit" in e["models"] and _epochs(e) <= epochs]
+  done = [e for e in vit if e["seeds_done"] and sorted(e["seeds_done"]) == sorted(table.seeds)]
+  best = max(done, key=lambda e: e["top1"]["vit"]["mean"], default=None)
+  return {
+    "target": top1,
+    "epochs": epochs,
+    "best_row": best["name"] if best else None,
+    "best_top1": best["top1"]["vit"]["mean"] if best else None,
+    "reached": [e["name"] for e in done if e["top1"]["vit"]["mean"] >= top1],
+    "waiting_for": [e["name"] for e in vit if e not in done],
+  }
+
+
+def target_lines(read: dict[str, Any] | None) -> list[str]:
+  """The target as read: reached by which rows, or how far the closest row is from it."""
+  if not read:
+    return []
+  line = (
+    f"The target, ViT test top-1 >= {read['target']:g} within {read['epochs']} epochs (mean of "
+    "every seed): "
+  )
+  if read["reached"]:
+    line += f"reached by **{', '.join(read['reached'])}**"
+  elif read["best_row"]:
+    short = read["target"] - read["best_top1"]
+    line += f"not reached: the closest is **{read['best_row']}** ({read['best_top1']:.2f}, "
+    line += f"{short:.2f} short)"
+  else:
+    line += "no row has every seed yet"
+  if read["waiting_for"]:
+    line += f"; waiting for {', '.join(read['waiting_for'])}"
+  return ["", line + "."]

@@ -61,3 +61,7 @@ class Table:
   # the paper's own baseline), each row read against the table's reference once every seed of
   # both has finished. Empty: no verdicts.
   paper_gains: tuple[tuple[str, float], ...] = ()
+  # A target for the ViT's test top-1 within a schedule, (top-1, most epochs) (rules.target):
+  # which row of at most that many epochs reaches it on the mean of every seed of the table, or
+  # which came closest and by how much. None: no target.
+  target: tuple[float, int] | None = None
