@@ -167,6 +167,31 @@ def test_the_70_percent_target_reads_the_students_of_at_most_100_epochs_with_eve
   assert read["reached"] == ["kd_resnet20"] and read["best_top1"] == pytest.approx(70.5)
 
 
+def test_the_teachers_mode_is_read_on_validation_once_both_rows_have_both_seeds(tmp_path):
+  table = sweep_tables.students_table("base_hygiene", "resnet20", "agent_e100")
+  assert table.choose_switch == ("corr_resnet20", "corr_resnet20_eval")
+  s = sweep_runs.settings(table, root=str(tmp_path), seeds=[0, 1])
+
+  def finish(run, seed, test, val):
+    (tmp_path / f"{run}_seed{seed}").mkdir(exist_ok=True)
+    final = {"epochs": 100, "top1_vit": test, "val_top1_vit": val}
+    (tmp_path / f"{run}_seed{seed}" / "final.json").write_text(json.dumps(final))
+
+  finish("corr_resnet20", 0, 0.60, 0.66)
+  finish("corr_resnet20", 1, 0.60, 0.66)
+  finish("corr_resnet20_eval", 0, 0.70, 0.67)  # Better on test: must not matter.
+  assert sweep_report.build_report(table, s)["switch"] == {"waiting_for": ["corr_resnet20_eval"]}
+  finish("corr_resnet20_eval", 1, 0.70, 0.65)  # Validation mean 66.00: a tie keeps it off.
+  read = sweep_report.build_report(table, s)["switch"]
+  assert read["on"] is False and read["val_top1"] == pytest.approx([66.0, 66.0])
+  finish("corr_resnet20_eval", 1, 0.50, 0.66)
+  report = sweep_report.build_report(table, s)
+  assert report["switch"]["on"] is True
+  assert "Chosen on validation, never on the test split: **corr_resnet20_eval** (" in (
+    sweep_report.table_markdown(report)
+  )
+
+
 @pytest.mark.parametrize("teacher_eval", [False, True])
 def test_students_at_the_longer_schedule_change_only_their_epochs(teacher_eval):
   """Issue 84 item 4 where issue 81 chose 200 epochs: the winner's 200-epoch run (the schedule

@@ -283,6 +283,7 @@ def build_report(table: Table, s: Settings) -> dict[str, Any]:
     "chosen_teacher": rules.chosen_teacher(table, entries),
     "verdicts": rules.verdicts(table, entries),
     "target": rules.target(table, entries),
+    "switch": rules.switch(table, entries),
     "files": table.files,
     "curves": None,
   }
@@ -339,6 +340,7 @@ def table_markdown(report: dict[str, Any]) -> str:
   lines += rules.chosen_lines(report.get("chosen"))
   lines += rules.teacher_lines(report.get("chosen_teacher"))
   lines += rules.verdict_lines(report.get("verdicts"))
+  lines += rules.switch_lines(report.get("switch"))
   lines += rules.target_lines(report.get("target"))
   lines += [
     "",

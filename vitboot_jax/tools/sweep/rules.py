@@ -119,6 +119,40 @@ def teacher_lines(pick: dict[str, Any] | None) -> list[str]:
   ]
 
 
+def switch(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+  """Table.choose_switch read on validation once both rows have every seed of the table: "on"
+  only where its row is higher (a tie keeps the switch off); {"waiting_for"} until then."""
+  if table.choose_switch is None:
+    return None
+  by_name = {e["name"]: e for e in entries}
+  pair = [by_name.get(n) for n in table.choose_switch]
+  missing = [
+    n
+    for n, e in zip(table.choose_switch, pair)
+    if not e or sorted(e["seeds_done"]) != sorted(table.seeds) or not e["val_top1"].get("vit")
+  ]
+  if missing:
+    return {"waiting_for": missing}
+  off, on = (e["val_top1"]["vit"]["mean"] for e in pair)
+  # Top-1 on 5,000 images moves in 0.02 steps: a difference under 1e-9 is a tie.
+  return {"rows": list(table.choose_switch), "val_top1": [off, on], "on": on > off + 1e-9}
+
+
+def switch_lines(read: dict[str, Any] | None) -> list[str]:
+  """The switch as read on validation, or the rows it waits for."""
+  if not read:
+    return []
+  if "on" not in read:
+    return ["", f"The switch waits for every seed of: {', '.join(read['waiting_for'])}."]
+  (off_row, on_row), (off, on) = read["rows"], read["val_top1"]
+  pick = on_row if read["on"] else off_row
+  return [
+    "",
+    f"Chosen on validation, never on the test split: **{pick}** ({on_row} {on:.2f} against "
+    f"{off_row} {off:.2f}; a tie keeps the switch off).",
+  ]
+
+
 def _per_seed(entry: dict[str, Any], split: str) -> dict[int, float]:
   stats = entry[split].get("vit")
   return dict(zip(entry["seeds_done"], stats["values"])) if stats else {}

@@ -65,3 +65,6 @@ class Table:
   # which row of at most that many epochs reaches it on the mean of every seed of the table, or
   # which came closest and by how much. None: no target.
   target: tuple[float, int] | None = None
+  # Two rows that differ in one switch, (off, on) (rules.switch): the switch is chosen only where
+  # its row's mean validation top-1 over every seed of the table is higher. None: no such choice.
+  choose_switch: tuple[str, str] | None = None

@@ -300,7 +300,7 @@ def _on_the_winner(
 ) -> Table:
   """A table of rows built on the grid's `winner` (rows(winner_row)), `seeds` (2 by default), in
   the grid's root and with its flags, so the winner's grid run is reused; each row set against
-  the winner; `choose` as Table's (choose_within, paper_gains, target)."""
+  the winner; `choose` as Table's (choose_within, paper_gains, target, choose_switch)."""
   grid = TABLES_BY_NAME["baseline"]
   row = next(r for r in grid.rows if r.name == winner)
   return Table(
@@ -374,12 +374,17 @@ def students_table(winner: str, teacher: str, other: str) -> Table:
     f"Students of finished teachers on the baseline ({winner}): {teacher}, {other}, 5,000 images"
   )
   rows = functools.partial(study_rows.student_rows, teacher=teacher, other=other)
-  return _on_the_winner("students", title, "students_", rows, winner, target=STUDENT_TARGET)
+  # The teacher predicting in train or evaluation mode (TEACHER_EVAL), read on validation.
+  mode = (f"corr_{teacher}", f"corr_{teacher}_eval")
+  return _on_the_winner(
+    "students", title, "students_", rows, winner, target=STUDENT_TARGET, choose_switch=mode
+  )
 
 
 # Whether the students' table read the teacher's predictions in evaluation mode better on
-# validation (corr_T_eval against corr_T): set once both have finished; the students at the
-# baseline's longer schedule then run in that mode (table students_long).
+# validation (corr_T_eval against corr_T, both seeds; its report's rules.switch line): set once
+# both have finished; the students at the baseline's longer schedule then run in that mode
+# (table students_long).
 TEACHER_EVAL: bool | None = None
 
 
