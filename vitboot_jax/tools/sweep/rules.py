@@ -119,6 +119,11 @@ def teacher_lines(pick: dict[str, Any] | None) -> list[str]:
   ]
 
 
+def _complete(entry: dict[str, Any] | None, table: Table) -> bool:
+  """Whether a row has finished every seed of the table (what a rule over seeds reads)."""
+  return bool(entry and entry["seeds_done"]) and sorted(entry["seeds_done"]) == sorted(table.seeds)
+
+
 def switch(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
   """Table.choose_switch read on validation once both rows have every seed of the table: "on"
   only where its row is higher (a tie keeps the switch off); {"waiting_for"} until then."""
@@ -129,7 +134,7 @@ def switch(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None
   missing = [
     n
     for n, e in zip(table.choose_switch, pair)
-    if not e or sorted(e["seeds_done"]) != sorted(table.seeds) or not e["val_top1"].get("vit")
+    if not _complete(e, table) or not e["val_top1"].get("vit")
   ]
   if missing:
     return {"waiting_for": missing}
@@ -169,11 +174,7 @@ def verdicts(table: Table, entries: list[dict[str, Any]]) -> list[dict[str, Any]
   out = []
   for name, paper_gain in table.paper_gains:
     entry = by_name.get(name)
-    missing = [
-      e["name"] if e else "?"
-      for e in (entry, reference)
-      if not e or sorted(e["seeds_done"]) != sorted(table.seeds)
-    ]
+    missing = [e["name"] if e else "?" for e in (entry, reference) if not _complete(e, table)]
     if missing:
       out.append({"row": name, "reference": table.reference, "waiting_for": missing})
       continue
@@ -181,7 +182,7 @@ def verdicts(table: Table, entries: list[dict[str, Any]]) -> list[dict[str, Any]
       split: {k: v - _per_seed(reference, split)[k] for k, v in _per_seed(entry, split).items()}
       for split in ("top1", "val_top1")
     }
-    ahead = all(d > 0 for split in diffs.values() for d in split.values())
+    ahead = all(split and all(d > 0 for d in split.values()) for split in diffs.values())
     helps = bool(entry.get("vs_reference", {}).get("helps"))
     out.append(
       {
@@ -233,7 +234,7 @@ def target(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None
     return None
   top1, epochs = table.target
   vit = [e for e in entries if "vit" in e["models"] and _epochs(e) <= epochs]
-  done = [e for e in vit if e["seeds_done"] and sorted(e["seeds_done"]) == sorted(table.seeds)]
+  done = [e for e in vit if _complete(e, table)]
   best = max(done, key=lambda e: e["top1"]["vit"]["mean"], default=None)
   return {
     "target": top1,
