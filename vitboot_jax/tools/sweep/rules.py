@@ -1,8 +1,10 @@
-"""The rules a table picks a row by, read on the validation split only (never the test split),
-and their lines in the sweep's report: the screening grid's winner (Table.choose_within) and the
-small-data study's teacher (Table.choose_teacher_within); and the verdict on methods set against
-their papers (Table.paper_gains). Each is written before its table's runs
-(docs/results.md) and read from the report's entries (report.aggregate)."""
+"""The rules a table reads its finished rows by, each written before its table's runs
+(docs/results.md) and read from the report's entries (report.aggregate), with their lines in the
+sweep's report. Choices read the validation split only, never the test split: the screening
+grid's winner (Table.choose_within), the small-data study's teacher (Table.choose_teacher_within)
+and a one-switch choice (Table.choose_switch). The readings of final rows read the test split
+with validation beside it: the verdict on methods set against their papers (Table.paper_gains)
+and a target (Table.target)."""
 
 from __future__ import annotations
 
