@@ -101,6 +101,24 @@ def test_eta_counts_remaining_evaluations_at_their_measured_cost():
   assert "eval at step 40: top-1 agent 50.00% vit 25.00% (40s)" in lines
 
 
+def test_the_eta_follows_the_rate_of_the_last_ten_minutes():
+  clock, lines = FakeClock(), []
+  p = _progress(clock, lines, total_steps=10_000, eval_every=10_000)
+  clock.now = 10.0
+  p.step(10, {})  # The first interval (compilation) is left out.
+  for step in range(20, 1_010, 10):  # 1,000 steps at 1 s/step (a busy machine) ...
+    clock.now += 10.0
+    p.step(step, {})
+  assert p.seconds_per_step() == pytest.approx(1.0)
+  for step in range(1_010, 2_410, 10):  # ... then 1,400 at 0.5 s/step (700 s, freed).
+    clock.now += 5.0
+    p.step(step, {})
+  # Only the last RATE_WINDOW_S (600 s) of intervals count: the freed machine's rate.
+  assert p.seconds_per_step() == pytest.approx(0.5)
+  # 7,600 steps at 0.5 s, and the last step's evaluation: 300 images at a fifth of 0.05 s.
+  assert p.eta(2_400) == pytest.approx(7_600 * 0.5 + 3.0)
+
+
 def test_a_line_during_a_long_evaluation():
   clock, lines = FakeClock(), []
   p = _trained_to_20(clock, lines)

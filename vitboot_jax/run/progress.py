@@ -1,9 +1,10 @@
 """What a run prints: one compact line per log step, lines during evaluation, an honest ETA.
 
 Everything else (every loss term, gradient norms, learning rate) goes to metrics.jsonl and
-TensorBoard only. The ETA counts the training steps left at the rate measured after the first
-logged interval (which holds compilation unless `compiled` marked its end; until a second one,
-its own rate) and every evaluation left at the duration of the last one without its first
+TensorBoard only. The ETA counts the training steps left at the rate of the last RATE_WINDOW_S of
+training after the first logged interval (which holds compilation unless `compiled` marked its
+end; until a second one, its own rate), so a machine that gets busier or freer mid-run moves the
+ETA within minutes, and every evaluation left at the duration of the last one without its first
 batch's call (which holds the compilation of a process's first evaluation); before the first
 evaluation, an evaluation is estimated at a fixed fraction of the training cost per image (a
 fifth, as measured on CPU), and the first one's line says that its compilation comes on top.
@@ -11,6 +12,7 @@ fifth, as measured on CPU), and the first one's line says that its compilation c
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -22,6 +24,8 @@ from absl import logging
 # (docs/performance.md, "ETA").
 _EVAL_COST_PER_IMAGE = 1 / 5
 EVAL_LOG_SECONDS = 30.0
+# The training rate of the ETA: the logged intervals of about the last ten minutes of training.
+RATE_WINDOW_S = 600.0
 
 
 def duration(seconds: float) -> str:
@@ -61,7 +65,9 @@ class Progress:
     self._mark_step, self._mark_time = start_step, clock()
     self._paused = 0.0  # Evaluation seconds inside the current log interval.
     self._first_interval = True  # May hold compilation: left out once others exist.
-    self._steps, self._seconds = 0, 0.0  # Training since the first interval.
+    # Training since the first interval: (steps, seconds) of the intervals in the rate's window.
+    self._window: collections.deque[tuple[int, float]] = collections.deque()
+    self._steps, self._seconds = 0, 0.0  # Their sums.
     self._first_rate: float | None = None
     self.eval_seconds: float | None = None  # The last evaluation's, less its first call.
     self._eval_took = 0.0  # The last evaluation's whole duration.
@@ -101,8 +107,14 @@ class Progress:
     if self._first_interval:
       self._first_rate, self._first_interval = rate, False
     else:
+      self._window.append((step - self._mark_step, seconds))
       self._steps += step - self._mark_step
       self._seconds += seconds
+      # Keep just enough of the latest intervals to span RATE_WINDOW_S.
+      while self._seconds - self._window[0][1] >= RATE_WINDOW_S:
+        old_steps, old_seconds = self._window.popleft()
+        self._steps -= old_steps
+        self._seconds -= old_seconds
     self._mark_step, self._mark_time, self._paused = step, now, 0.0
     losses = _by_model(scalars, "train/loss_")
     line = f"step {step}/{self.total} ep {step / self.per_epoch:.2f}"
