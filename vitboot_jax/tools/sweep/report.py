@@ -116,11 +116,9 @@ def against_reference(entries: list[dict[str, Any]], reference: str) -> None:
     mine = e["top1"].get("vit")
     if not (mine and ref_top1) or e is ref:
       continue
-    seeds = sorted(set(e["seeds_done"]) & set(ref["seeds_done"]))
-    by_seed = lambda stats, done: dict(zip(done, stats["values"]))
-    per_seed = [
-      by_seed(mine, e["seeds_done"])[k] - by_seed(ref_top1, ref["seeds_done"])[k] for k in seeds
-    ]
+    ours, theirs = rules.per_seed(e), rules.per_seed(ref)
+    seeds = sorted(set(ours) & set(theirs))
+    per_seed = [ours[k] - theirs[k] for k in seeds]
     pooled = None
     if mine["std"] is not None and ref_top1["std"] is not None:
       pooled = math.sqrt((mine["std"] ** 2 + ref_top1["std"] ** 2) / 2)

@@ -160,7 +160,8 @@ def switch_lines(read: dict[str, Any] | None) -> list[str]:
   ]
 
 
-def _per_seed(entry: dict[str, Any], split: str) -> dict[int, float]:
+def per_seed(entry: dict[str, Any], split: str = "top1") -> dict[int, float]:
+  """A report entry's final ViT top-1 per finished seed on `split` ("top1": test, "val_top1")."""
   stats = entry[split].get("vit")
   return dict(zip(entry["seeds_done"], stats["values"])) if stats else {}
 
@@ -181,7 +182,7 @@ def verdicts(table: Table, entries: list[dict[str, Any]]) -> list[dict[str, Any]
       out.append({"row": name, "reference": table.reference, "waiting_for": missing})
       continue
     diffs = {
-      split: {k: v - _per_seed(reference, split)[k] for k, v in _per_seed(entry, split).items()}
+      split: {k: v - per_seed(reference, split)[k] for k, v in per_seed(entry, split).items()}
       for split in ("top1", "val_top1")
     }
     ahead = all(split and all(d > 0 for d in split.values()) for split in diffs.values())
