@@ -26,7 +26,7 @@ STEPS_PER_EPOCH = 10
 def _write_metrics(workdir, mode, epochs=3, log_every=2):
   """A metrics.jsonl as train.py writes it: train lines every `log_every` steps, eval per epoch."""
   workdir.mkdir(parents=True, exist_ok=True)
-  models = {"vit": ("vit",), "agent": ("agent",)}.get(mode, ("vit", "agent"))
+  models = {"vit": ("vit",), "agent": ("agent",), "cnn": ("cnn",)}.get(mode, ("vit", "agent"))
   rng = np.random.default_rng(0)
   lines = []
   for step in range(1, epochs * STEPS_PER_EPOCH + 1):
@@ -108,13 +108,44 @@ def test_plot_writes_a_png(tmp_path):
   assert default.returncode == 0, default.stderr[-2000:]
   assert json.loads(default.stdout.splitlines()[-1])["out"] == str(tmp_path / "joint/curves.png")
   assert (tmp_path / "joint" / "curves.png").stat().st_size > 0
-  rows, cols = plot.GRID
+  # Eval top-1 and the 7 training panels these runs log (no hint-gradient panels): 4 rows of 2.
   expected = (
-    round(rows * plot.PANEL_INCHES[1] * plot.DPI),
-    round(cols * plot.PANEL_INCHES[0] * plot.DPI),
+    round(4 * plot.PANEL_INCHES[1] * plot.DPI),
+    round(2 * plot.PANEL_INCHES[0] * plot.DPI),
   )
   assert image.shape[:2] == expected and image.shape[2] in (3, 4)
   assert image[..., :3].std() > 10  # Something was drawn.
+
+
+def test_plot_shows_only_the_panels_some_run_logs(tmp_path):
+  for mode in ("cnn", "vit", "joint", "shared"):
+    _write_metrics(tmp_path / mode, mode)
+  titles = lambda *modes: [  # noqa: E731
+    p.title for p in plot.shown_panels([plot.load_run(tmp_path / m) for m in modes])
+  ]
+  assert titles("cnn") == ["loss_cnn"]
+  assert titles("cnn", "vit") == ["loss_vit", "loss_cnn"]
+  joint = ["feature weight w(t)", "loss_vit", "loss_agent", "feature loss"]
+  assert titles("joint") == joint + ["KD (vit solid, agent dashed)"]
+  assert titles("shared")[-2:] == ["Align: cos(g_vit, g_agent)", "Align: conflict rate"]
+  # The feature weight only where a run has a feature loss (every mode logs the weight).
+  (tmp_path / "w").mkdir()
+  (tmp_path / "w/metrics.jsonl").write_text(
+    json.dumps({"step": 2, "epoch": 0.2, "train/feature_weight": 1.0, "train/loss_vit": 2.0}) + "\n"
+  )
+  assert titles("w") == ["loss_vit"]
+
+
+@pytest.mark.slow
+def test_a_cnn_run_draws_two_panels(tmp_path):
+  pytest.importorskip("matplotlib")
+  _write_metrics(tmp_path / "cnn", "cnn")
+  png = plot.plot_runs([tmp_path / "cnn"], tmp_path / "cnn.png").read_bytes()
+  height, width = (int.from_bytes(png[i : i + 4], "big") for i in (20, 16))
+  assert (height, width) == (
+    round(plot.PANEL_INCHES[1] * plot.DPI),
+    round(2 * plot.PANEL_INCHES[0] * plot.DPI),
+  )
 
 
 def test_plot_checks_labels_and_empty_workdirs(tmp_path):
@@ -408,6 +439,6 @@ def test_many_runs_put_the_legend_below_the_panels(tmp_path):
       workdirs.append(tmp_path / f"{n}_{i}")
     png = plot.plot_runs(workdirs, tmp_path / f"{n}.png").read_bytes()
     heights[n] = int.from_bytes(png[20:24], "big")  # The PNG header's height field.
-  rows = plot.GRID[0]
+  rows = 3  # Eval top-1 and a joint run's 5 training panels, 2 a row.
   assert heights[plot.LEGEND_INSIDE_MAX] == round(rows * plot.PANEL_INCHES[1] * plot.DPI)
   assert heights[plot.LEGEND_INSIDE_MAX + 1] > heights[plot.LEGEND_INSIDE_MAX]

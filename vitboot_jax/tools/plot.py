@@ -9,14 +9,16 @@ Panels (x axis: epochs):
   * eval top-1 of every model of every run, the paper's Fig. 5: one colour per run, ViT solid,
     agent dashed (CNN dotted);
   * the feature-loss weight w(t) of mutual runs;
-  * training loss terms: loss_vit, loss_agent, feature, KD (kd_vit solid, kd_agent dashed);
+  * training loss terms: loss_vit, loss_agent, loss_cnn, feature, KD (kd_vit solid, kd_agent
+    dashed);
   * Align (shared runs only): the cosine between the two gradients on the shared weights and the
     conflict rate (fraction of logged steps whose inner product is negative);
   * the hint's pull on the ViT (runs with a feature term): the norm of the feature term's share of
     the ViT's gradient over the cross-entropy's (hint_grad_ratio), and both norms.
 Training curves are per-batch values logged every `log_every_steps`, so they are noisy: they are
 drawn as a trailing moving average over --smooth logged points (1 disables it); the feature
-weight is piecewise constant and drawn as is. A panel no run has data for says so.
+weight is piecewise constant and drawn as is. A training panel no run logs is left out (a CNN's
+runs get two panels, not ten); the eval panel stays, saying so where no run has evaluated yet.
 
 matplotlib is an optional dependency (`pip install -e '.[plot]'`); it is imported only when a
 figure is drawn, through the non-interactive Agg canvas, so no display is needed and pyplot's
@@ -43,8 +45,7 @@ MODEL_STYLES = {"vit": "-", "agent": "--", "cnn": ":"}
 MODEL_LABELS = {"vit": "ViT", "agent": "agent", "cnn": "CNN"}
 DEFAULT_SMOOTH = 10
 DEFAULT_OUT = "curves.png"  # In the first run's workdir: nothing lands in the repository root.
-# (row, col) grid of the figure and the size of one panel in inches.
-GRID = (5, 2)
+COLUMNS = 2  # Panels a row of the figure; PANEL_INCHES is one panel's size.
 LEGEND_INSIDE_MAX = 8  # With more runs the legend goes below the panels instead of over one.
 LEGEND_COLUMNS = 4
 PANEL_INCHES = (6.0, 3.4)
@@ -149,44 +150,88 @@ def _no_data(ax: Any, what: str) -> None:
   ax.text(0.5, 0.5, f"no run logs {what}", ha="center", va="center", transform=ax.transAxes)
 
 
-def _plot_train(
-  ax: Any,
-  runs: Sequence[Run],
-  colours: Sequence[str],
-  keys_styles: Sequence[tuple[str, str]],
-  title: str,
-  smooth: int,
-  ylabel: str | None = None,
-  only_if: str | None = None,
-  log_if_wide: bool = True,
-) -> None:
-  """One line per (run, key): colour by run, line style by key.
+@dataclasses.dataclass(frozen=True)
+class Panel:
+  """A training panel: one line per (run, key), colour by run, line style by key.
 
-  `only_if`: skip runs that never log this key (every mode logs the feature weight, but it only
-  means something where there is a feature loss). `log_if_wide`: log y axis when positive values
-  span more than 10x.
+  `only_if`: runs that never log this key are left out (every mode logs the feature weight, but it
+  only means something where there is a feature loss). `log_if_wide`: log y axis when positive
+  values span more than 10x. `smooth`: False draws the values as logged. `hline`: a grey reference
+  line at that value.
   """
+
+  title: str
+  keys: tuple[tuple[str, str], ...]
+  ylabel: str | None = None
+  only_if: str | None = None
+  log_if_wide: bool = True
+  smooth: bool = True
+  hline: float | None = None
+  ylim: tuple[float, float] | None = None
+
+
+TRAIN_PANELS = (
+  Panel(
+    "feature weight w(t)",
+    (("train/feature_weight", "-"),),
+    only_if="train/feature",
+    log_if_wide=False,
+    smooth=False,
+  ),
+  Panel("loss_vit", (("train/loss_vit", "-"),)),
+  Panel("loss_agent", (("train/loss_agent", "--"),)),
+  Panel("loss_cnn", (("train/loss_cnn", ":"),)),
+  Panel("feature loss", (("train/feature", "-"),)),
+  Panel("KD (vit solid, agent dashed)", (("train/kd_vit", "-"), ("train/kd_agent", "--"))),
+  Panel("Align: cos(g_vit, g_agent)", (("train/align_cosine", "-"),), log_if_wide=False, hline=0.0),
+  Panel(
+    "Align: conflict rate",
+    (("train/align_conflict", "-"),),
+    ylabel="fraction of steps",
+    log_if_wide=False,
+    ylim=(-0.03, 1.03),
+  ),
+  Panel("hint / CE gradient norm on the ViT", (("train/hint_grad_ratio", "-"),), hline=1.0),
+  Panel(
+    "ViT gradient: CE solid, hint dashed",
+    (("train/grad_norm_ce_share_vit", "-"), ("train/grad_norm_feature_share_vit", "--")),
+  ),
+)
+
+
+def _lines(run: Run, panel: Panel) -> list[tuple[str, np.ndarray, np.ndarray]]:
+  """(style, epochs, values) of each of `panel`'s keys that `run` logs."""
+  if panel.only_if and not any(panel.only_if in r for r in run.train):
+    return []
+  return [
+    (style, *series(run.train, key)) for key, style in panel.keys if series(run.train, key)[0].size
+  ]
+
+
+def shown_panels(runs: Sequence[Run]) -> list[Panel]:
+  """The training panels some run logs, in TRAIN_PANELS' order."""
+  return [p for p in TRAIN_PANELS if any(_lines(run, p) for run in runs)]
+
+
+def _plot_train(ax: Any, runs: Sequence[Run], colours: Sequence[str], panel: Panel, smooth: int):
   drawn = []
   for run, colour in zip(runs, colours):
-    if only_if and not any(only_if in r for r in run.train):
-      continue
-    for key, style in keys_styles:
-      x, y = series(run.train, key)
-      if x.size:
-        y = moving_average(y, smooth)
-        ax.plot(x, y, style, color=colour, linewidth=1.2)
-        drawn.append(y[np.isfinite(y)])
-  ax.set_title(title)
+    for style, x, y in _lines(run, panel):
+      y = moving_average(y, smooth if panel.smooth else 1)
+      ax.plot(x, y, style, color=colour, linewidth=1.2)
+      drawn.append(y[np.isfinite(y)])
+  ax.set_title(panel.title)
   ax.set_xlabel("epoch")
-  if ylabel:
-    ax.set_ylabel(ylabel)
+  if panel.ylabel:
+    ax.set_ylabel(panel.ylabel)
   ax.grid(alpha=0.3)
-  if not drawn:
-    _no_data(ax, " / ".join(k for k, _ in keys_styles))
-    return
+  if panel.hline is not None:
+    ax.axhline(panel.hline, color="grey", linewidth=0.8)
+  if panel.ylim:
+    ax.set_ylim(*panel.ylim)
   values = np.concatenate(drawn)
   # A shared ViT's loss (feature term included) is ~10x a plain ViT's: log scale keeps both legible.
-  if log_if_wide and values.size and values.min() > 0 and values.max() > 10 * values.min():
+  if panel.log_if_wide and values.size and values.min() > 0 and values.max() > 10 * values.min():
     ax.set_yscale("log")
 
 
@@ -214,8 +259,9 @@ def plot_runs(
   if not any(run.train or run.eval for run in runs):
     raise ValueError(f"none of {[str(w) for w in workdirs]} holds a {metrics.METRICS_FILE}")
   colours = run_colours(len(runs))
-
-  rows, cols = GRID
+  panels = shown_panels(runs)
+  cols = min(COLUMNS, 1 + len(panels))
+  rows = math.ceil((1 + len(panels)) / cols)
   below = len(runs) > LEGEND_INSIDE_MAX
   legend_inches = 0.25 * math.ceil((len(runs) + 2) / LEGEND_COLUMNS) + 0.2 if below else 0.0
   height = PANEL_INCHES[1] * rows + legend_inches
@@ -232,7 +278,7 @@ def plot_runs(
       if x.size:
         ax.plot(x, 100.0 * y, style, color=colour, marker=".", markersize=4, linewidth=1.5)
         models_seen.append(model)
-  ax.set_title("eval top-1 (ViT solid, agent dashed)")
+  ax.set_title("eval top-1 (ViT solid, agent dashed, CNN dotted)")
   ax.set_xlabel("epoch")
   ax.set_ylabel("top-1 (%)")
   ax.grid(alpha=0.3)
@@ -259,42 +305,11 @@ def plot_runs(
   else:
     _no_data(ax, "eval/top1_*")
 
-  _plot_train(
-    axes[0, 1],
-    runs,
-    colours,
-    [("train/feature_weight", "-")],
-    "feature weight w(t)",
-    1,
-    only_if="train/feature",
-    log_if_wide=False,
-  )
-  _plot_train(axes[1, 0], runs, colours, [("train/loss_vit", "-")], "loss_vit", smooth)
-  _plot_train(axes[1, 1], runs, colours, [("train/loss_agent", "--")], "loss_agent", smooth)
-  _plot_train(axes[2, 0], runs, colours, [("train/feature", "-")], "feature loss", smooth)
-  kd = [("train/kd_vit", "-"), ("train/kd_agent", "--")]
-  _plot_train(axes[2, 1], runs, colours, kd, "KD (vit solid, agent dashed)", smooth)
-  cosine = [("train/align_cosine", "-")]
-  _plot_train(
-    axes[3, 0], runs, colours, cosine, "Align: cos(g_vit, g_agent)", smooth, log_if_wide=False
-  )
-  axes[3, 0].axhline(0.0, color="grey", linewidth=0.8)
-  _plot_train(
-    axes[3, 1],
-    runs,
-    colours,
-    [("train/align_conflict", "-")],
-    "Align: conflict rate",
-    smooth,
-    ylabel="fraction of steps",
-    log_if_wide=False,
-  )
-  axes[3, 1].set_ylim(-0.03, 1.03)
-  ratio = [("train/hint_grad_ratio", "-")]
-  _plot_train(axes[4, 0], runs, colours, ratio, "hint / CE gradient norm on the ViT", smooth)
-  axes[4, 0].axhline(1.0, color="grey", linewidth=0.8)
-  shares = [("train/grad_norm_ce_share_vit", "-"), ("train/grad_norm_feature_share_vit", "--")]
-  _plot_train(axes[4, 1], runs, colours, shares, "ViT gradient: CE solid, hint dashed", smooth)
+  flat = axes.ravel()
+  for ax, panel in zip(flat[1:], panels):
+    _plot_train(ax, runs, colours, panel, smooth)
+  for ax in flat[1 + len(panels) :]:
+    ax.axis("off")
   if smooth > 1:
     note = f"training curves: moving average over {smooth} logged points"
     fig.text(0.99, 0.005, note, ha="right", va="bottom", fontsize="small", color="grey")
