@@ -203,9 +203,8 @@ def _lines(run: Run, panel: Panel) -> list[tuple[str, np.ndarray, np.ndarray]]:
   """(style, epochs, values) of each of `panel`'s keys that `run` logs."""
   if panel.only_if and not any(panel.only_if in r for r in run.train):
     return []
-  return [
-    (style, *series(run.train, key)) for key, style in panel.keys if series(run.train, key)[0].size
-  ]
+  lines = [(style, *series(run.train, key)) for key, style in panel.keys]
+  return [(style, x, y) for style, x, y in lines if x.size]
 
 
 def shown_panels(runs: Sequence[Run]) -> list[Panel]:
