@@ -199,7 +199,10 @@ TRAIN_PANELS = (
 )
 
 
-def _lines(run: Run, panel: Panel) -> list[tuple[str, np.ndarray, np.ndarray]]:
+Line = tuple[str, np.ndarray, np.ndarray]  # (line style, epochs, values)
+
+
+def _lines(run: Run, panel: Panel) -> list[Line]:
   """(style, epochs, values) of each of `panel`'s keys that `run` logs."""
   if panel.only_if and not any(panel.only_if in r for r in run.train):
     return []
@@ -207,15 +210,24 @@ def _lines(run: Run, panel: Panel) -> list[tuple[str, np.ndarray, np.ndarray]]:
   return [(style, x, y) for style, x, y in lines if x.size]
 
 
+def _shown(runs: Sequence[Run]) -> list[tuple[Panel, list[list[Line]]]]:
+  """(panel, each run's lines) of the training panels some run logs, in TRAIN_PANELS' order."""
+  each = [(panel, [_lines(run, panel) for run in runs]) for panel in TRAIN_PANELS]
+  return [(panel, lines) for panel, lines in each if any(lines)]
+
+
 def shown_panels(runs: Sequence[Run]) -> list[Panel]:
   """The training panels some run logs, in TRAIN_PANELS' order."""
-  return [p for p in TRAIN_PANELS if any(_lines(run, p) for run in runs)]
+  return [panel for panel, _ in _shown(runs)]
 
 
-def _plot_train(ax: Any, runs: Sequence[Run], colours: Sequence[str], panel: Panel, smooth: int):
+def _plot_train(
+  ax: Any, lines: Sequence[list[Line]], colours: Sequence[str], panel: Panel, smooth: int
+):
+  """Draws `panel` from each run's (style, epochs, values) lines, one colour a run."""
   drawn = []
-  for run, colour in zip(runs, colours):
-    for style, x, y in _lines(run, panel):
+  for run_lines, colour in zip(lines, colours):
+    for style, x, y in run_lines:
       y = moving_average(y, smooth if panel.smooth else 1)
       ax.plot(x, y, style, color=colour, linewidth=1.2)
       drawn.append(y[np.isfinite(y)])
@@ -258,7 +270,7 @@ def plot_runs(
   if not any(run.train or run.eval for run in runs):
     raise ValueError(f"none of {[str(w) for w in workdirs]} holds a {metrics.METRICS_FILE}")
   colours = run_colours(len(runs))
-  panels = shown_panels(runs)
+  panels = _shown(runs)
   cols = min(COLUMNS, 1 + len(panels))
   rows = math.ceil((1 + len(panels)) / cols)
   below = len(runs) > LEGEND_INSIDE_MAX
@@ -305,8 +317,8 @@ def plot_runs(
     _no_data(ax, "eval/top1_*")
 
   flat = axes.ravel()
-  for ax, panel in zip(flat[1:], panels):
-    _plot_train(ax, runs, colours, panel, smooth)
+  for ax, (panel, lines) in zip(flat[1:], panels):
+    _plot_train(ax, lines, colours, panel, smooth)
   for ax in flat[1 + len(panels) :]:
     ax.axis("off")
   if smooth > 1:

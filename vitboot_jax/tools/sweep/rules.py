@@ -181,10 +181,10 @@ def verdicts(table: Table, entries: list[dict[str, Any]]) -> list[dict[str, Any]
     if missing:
       out.append({"row": name, "reference": table.reference, "waiting_for": missing})
       continue
-    diffs = {
-      split: {k: v - per_seed(reference, split)[k] for k, v in per_seed(entry, split).items()}
-      for split in ("top1", "val_top1")
-    }
+    diffs = {}
+    for split in ("top1", "val_top1"):
+      theirs = per_seed(reference, split)
+      diffs[split] = {k: v - theirs[k] for k, v in per_seed(entry, split).items()}
     ahead = all(split and all(d > 0 for d in split.values()) for split in diffs.values())
     helps = bool(entry.get("vs_reference", {}).get("helps"))
     out.append(
