@@ -1,6 +1,7 @@
 """End-to-end training: outputs, resume after SIGKILL, 1 vs 8 devices, 2 processes, bad input."""
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from tests.runs import env as _env
 from tests.runs import metrics as _metrics
 from tests.runs import run as _run
 from tests.runs import train_losses as _train_losses
+from vitboot_jax.cpu import host_memory
 from vitboot_jax.run import provenance
 
 
@@ -29,6 +31,11 @@ def test_end_to_end_outputs(uninterrupted):
   assert final["step"] == 30 and final["count"] == 40.0 and final["resumed_from_step"] == 0
   (launch,) = provenance.launches(workdir)
   assert launch["start_step"] == 0 and launch["devices"] >= 1 and launch["software"]["jax"]
+  # The allocator main re-executed under, or this environment's where it does not re-execute.
+  reexec = host_memory.preload_environment(dict(os.environ))
+  assert launch["host_allocator"] == (
+    reexec[host_memory.PRELOADED] if reexec else host_memory.description()
+  )
   assert final["code"] == launch["code"] == provenance.code()
   for model in ("vit", "agent"):
     assert 0.0 <= final[f"top1_{model}"] <= 1.0 and final[f"top5_{model}"] >= final[f"top1_{model}"]

@@ -27,6 +27,7 @@ from etils import epath
 from vitboot_jax import configlib, evaluate, sharding
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.checkpoint import checkpointer, failures
+from vitboot_jax.cpu import host_memory
 from vitboot_jax.data import loop_feed, workdir_record
 from vitboot_jax.run import (
   metrics,
@@ -295,6 +296,8 @@ def train_and_evaluate(
       backend=jax.default_backend(),
       devices=jax.device_count(),
       processes=jax.process_count(),
+      # A CPU step's speed depends on it (docs/performance.md, "The allocator").
+      host_allocator=host_memory.description(),
     )["code"]
 
   eval_every = eval_interval(config, steps_per_epoch)

@@ -2,8 +2,8 @@
 
 Each launch of a run appends one line to launches.jsonl (the step it started from, the package's
 git commit and whether the checkout had uncommitted changes, the versions of the libraries the
-step depends on, the backend and devices); final.json repeats the commit of the launch that
-finished. A package installed without its git checkout records its version alone.
+step depends on, the backend, devices and host allocator); final.json repeats the commit of the
+launch that finished. A package installed without its git checkout records its version alone.
 """
 
 from __future__ import annotations
