@@ -358,8 +358,8 @@ def baseline_methods_table(winner: str, epochs: int = BASELINE_SCHEDULE) -> Tabl
 
 # The teacher the teachers table chose by its rule (docs/results.md) and the other candidate: set
 # once both have finished; the students then run (table students).
-TEACHER: str | None = None
-OTHER_TEACHER: str | None = None
+TEACHER: str | None = "resnet20"
+OTHER_TEACHER: str | None = "agent_e100"
 
 
 # Issue 84's target: the ViT at 70% test top-1 on the 5,000 images, its schedule <= 100 epochs.
