@@ -10,6 +10,7 @@ import pytest
 from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.tools.sweep import report as sweep_report
+from vitboot_jax.tools.sweep import rules as sweep_rules
 from vitboot_jax.tools.sweep import runs as sweep_runs
 from vitboot_jax.tools.sweep import study_rows
 from vitboot_jax.tools.sweep import tables as sweep_tables
@@ -227,3 +228,51 @@ def test_students_at_the_longer_schedule_change_only_their_epochs(teacher_eval):
       short_config.num_epochs = 200
     assert config.to_dict() == short_config.to_dict()
   assert table.root == short.root and table.files == "students_e200_"
+
+
+def test_the_students_rule_picks_the_best_on_validation_the_cheaper_within_a_margin():
+  """Written before the students' results were read: of the rows whose ViT learns from a finished
+  teacher, the best mean validation top-1 over both seeds; within 0.2 point, the cheapest with its
+  teacher's run counted in full; the test split, the ViT alone and joint mode never decide it."""
+  table = sweep_tables.students_table("base_hygiene", "resnet20", "agent_e100")
+  assert table.choose_student_within == 0.2
+  # Training PFLOPs a seed, own + teacher's: KD alone is the cheapest, the agent's the dearest.
+  own = {"corr_resnet20": 1.0, "corr_resnet20_eval": 1.0, "kd_resnet20": 0.9}
+  own |= {"corr_agent_e100": 1.5}
+  teacher_cost = {"resnet20": 0.218, "agent_e100": 0.532}
+
+  def read(seeds=(0, 1), **val):
+    entries = []
+    for r in table.rows:
+      teacher = sweep_tables.teacher_run(r)
+      done = list(seeds) if r.name in val or r.name not in own else []
+      entries.append(
+        {
+          "name": r.name,
+          "models": list(r.models),
+          "teacher": teacher,
+          "seeds_done": done,
+          "val_top1": {"vit": {"mean": val.get(r.name, 99.0)}} if "vit" in r.models else {},
+          "top1": {"vit": {"mean": 0.0}},  # The test split never decides.
+          "train_pflops": {s: own.get(r.name, 5.0) for s in done},
+          "teacher_pflops": {s: teacher_cost[teacher] for s in done} if teacher else {},
+        }
+      )
+    return sweep_rules.chosen_student(table, entries)
+
+  val = {"corr_resnet20": 66.0, "corr_resnet20_eval": 66.4, "kd_resnet20": 65.0}
+  got = read(**val, corr_agent_e100=64.0)  # vit_matched and joint at 99.0 on validation: ignored.
+  assert (got["row"], got["best_row"]) == ("corr_resnet20_eval", "corr_resnet20_eval")
+  assert sorted(got["val_top1"]) == sorted(own)
+  assert got["pflops"]["corr_agent_e100"] == pytest.approx(2.032)
+  # Within 0.2 of the best: the cheaper (KD alone) wins; 0.22 behind it does not.
+  assert read(**(val | {"kd_resnet20": 66.2}), corr_agent_e100=64.0)["row"] == "kd_resnet20"
+  assert read(**(val | {"kd_resnet20": 66.18}), corr_agent_e100=64.0)["row"] == (
+    "corr_resnet20_eval"
+  )
+  assert read(**val) == {"waiting_for": ["corr_agent_e100"]}
+  assert read(seeds=(0,), **val, corr_agent_e100=64.0)["waiting_for"] == list(own)
+  lines = sweep_rules.student_lines(read(**(val | {"kd_resnet20": 66.2}), corr_agent_e100=64.0))
+  assert "the recipe is **kd_resnet20** (66.20: within 0.2 point of the best, " in lines[1]
+  assert "corr_resnet20_eval (66.40), and cheaper: 1.118 PFLOPs against 1.218" in lines[1]
+  assert sweep_rules.chosen_student(sweep_tables.TABLES["teachers"], []) is None

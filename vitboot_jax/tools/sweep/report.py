@@ -279,6 +279,7 @@ def build_report(table: Table, s: Settings) -> dict[str, Any]:
     "rows": entries,
     "chosen": rules.chosen(table, entries),
     "chosen_teacher": rules.chosen_teacher(table, entries),
+    "chosen_student": rules.chosen_student(table, entries),
     "verdicts": rules.verdicts(table, entries),
     "target": rules.target(table, entries),
     "switch": rules.switch(table, entries),
@@ -337,6 +338,7 @@ def table_markdown(report: dict[str, Any]) -> str:
       )
   lines += rules.chosen_lines(report.get("chosen"))
   lines += rules.teacher_lines(report.get("chosen_teacher"))
+  lines += rules.student_lines(report.get("chosen_student"))
   lines += rules.verdict_lines(report.get("verdicts"))
   lines += rules.switch_lines(report.get("switch"))
   lines += rules.target_lines(report.get("target"))

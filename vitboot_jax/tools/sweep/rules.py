@@ -1,10 +1,10 @@
 """The rules a table reads its finished rows by, each written before its table's runs
 (docs/results.md) and read from the report's entries (report.aggregate), with their lines in the
 sweep's report. Choices read the validation split only, never the test split: the screening
-grid's winner (Table.choose_within), the small-data study's teacher (Table.choose_teacher_within)
-and a one-switch choice (Table.choose_switch). The readings of final rows read the test split
-with validation beside it: the verdict on methods set against their papers (Table.paper_gains)
-and a target (Table.target)."""
+grid's winner (Table.choose_within), the small-data study's teacher (Table.choose_teacher_within),
+its students' recipe (Table.choose_student_within) and a one-switch choice (Table.choose_switch).
+The readings of final rows read the test split with validation beside it: the verdict on methods
+set against their papers (Table.paper_gains) and a target (Table.target)."""
 
 from __future__ import annotations
 
@@ -157,6 +157,53 @@ def switch_lines(read: dict[str, Any] | None) -> list[str]:
     "",
     f"Chosen on validation, never on the test split: **{pick}** ({on_row} {on:.2f} against "
     f"{off_row} {off:.2f}; a tie keeps the switch off).",
+  ]
+
+
+def chosen_student(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+  """The students' rule (Table.choose_student_within; docs/results.md, "Finished teachers"): of
+  the rows whose ViT learns from a finished teacher, the best mean validation top-1 over every
+  seed of the table; within the margin, the cheapest in training PFLOPs, its teacher's run
+  counted in full (the strict reading); an exact tie in both, the first in table order.
+  {"waiting_for": rows} until every such row has every seed and its compute."""
+  within = table.choose_student_within
+  if within is None:
+    return None
+  taught = [e for e in entries if e.get("teacher") and "vit" in e["models"]]
+  missing = [
+    e["name"]
+    for e in taught
+    if not _complete(e, table) or not e["val_top1"].get("vit") or mean_pflops(e) is None
+  ]
+  if missing or not taught:
+    return {"waiting_for": missing}
+  val = {e["name"]: e["val_top1"]["vit"]["mean"] for e in taught}
+  cost = {e["name"]: sum(mean_pflops(e)) for e in taught}
+  order = list(val)
+  best = max(order, key=lambda n: (val[n], -order.index(n)))
+  close = [n for n in order if val[n] >= val[best] - within - 1e-9]  # Top-1 moves in 0.02 steps.
+  pick = min(close, key=lambda n: (cost[n], order.index(n)))
+  return {"row": pick, "best_row": best, "val_top1": val, "pflops": cost, "within": within}
+
+
+def student_lines(pick: dict[str, Any] | None) -> list[str]:
+  """The students' rule as read (chosen_student), or the rows it waits for."""
+  if not pick:
+    return []
+  if "row" not in pick:
+    return ["", f"The students' rule waits for every seed of: {', '.join(pick['waiting_for'])}."]
+  val, cost, row, best = pick["val_top1"], pick["pflops"], pick["row"], pick["best_row"]
+  why = (
+    "the best"
+    if row == best
+    else f"within {pick['within']:g} point of the best, {best} ({val[best]:.2f}), and cheaper: "
+    f"{cost[row]:.3f} PFLOPs against {cost[best]:.3f}"
+  )
+  read = ", ".join(f"{n} {val[n]:.2f} ({cost[n]:.3f} PFLOPs)" for n in val)
+  return [
+    "",
+    f"The students' rule, on validation, never on the test split: the recipe is **{row}** "
+    f"({val[row]:.2f}: {why}; every student, its teacher's run counted in full: {read}).",
   ]
 
 

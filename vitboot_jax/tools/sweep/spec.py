@@ -68,3 +68,8 @@ class Table:
   # Two rows that differ in one switch, (off, on) (rules.switch): the switch is chosen only where
   # its row's mean validation top-1 over every seed of the table is higher. None: no such choice.
   choose_switch: tuple[str, str] | None = None
+  # Pick the students' recipe on validation (rules.chosen_student): of the rows whose ViT learns
+  # from a finished teacher, once each has every seed, the best mean validation top-1 of the ViT;
+  # within this many points of it, the cheapest in training PFLOPs with its teacher's run counted
+  # in full. None: no recipe is picked.
+  choose_student_within: float | None = None

@@ -300,7 +300,8 @@ def _on_the_winner(
 ) -> Table:
   """A table of rows built on the grid's `winner` (rows(winner_row)), `seeds` (2 by default), in
   the grid's root and with its flags, so the winner's grid run is reused; each row set against
-  the winner; `choose` as Table's (choose_within, paper_gains, target, choose_switch)."""
+  the winner; `choose` as Table's choose_within, paper_gains, target, choose_switch and
+  choose_student_within."""
   grid = TABLES_BY_NAME["baseline"]
   row = next(r for r in grid.rows if r.name == winner)
   return Table(
@@ -362,6 +363,9 @@ TEACHER: str | None = "resnet20"
 OTHER_TEACHER: str | None = "agent_e100"
 
 
+# The students' rule's margin: within 0.2 point of the best student on validation, the cheaper.
+STUDENT_WITHIN = 0.2
+
 # Issue 84's target: the ViT at 70% test top-1 on the 5,000 images, its schedule <= 100 epochs.
 STUDENT_TARGET = (70.0, study_rows.BASELINE_EPOCHS)
 
@@ -377,7 +381,14 @@ def students_table(winner: str, teacher: str, other: str) -> Table:
   # The teacher predicting in train or evaluation mode (TEACHER_EVAL), read on validation.
   mode = (f"corr_{teacher}", f"corr_{teacher}_eval")
   return _on_the_winner(
-    "students", title, "students_", rows, winner, target=STUDENT_TARGET, choose_switch=mode
+    "students",
+    title,
+    "students_",
+    rows,
+    winner,
+    target=STUDENT_TARGET,
+    choose_switch=mode,
+    choose_student_within=STUDENT_WITHIN,
   )
 
 
