@@ -11,8 +11,10 @@ import time
 import pytest
 
 from tests import runs
+from tests.config_files import apply_flags, load_config
 from vitboot_jax.run import workdir_rules
 from vitboot_jax.tools import teach
+from vitboot_jax.tools.sweep import tables as sweep_tables
 
 _FLAGS = (
   "--config.num_epochs=2",
@@ -201,3 +203,59 @@ def test_teach_with_a_resnet_teacher_end_to_end(image_folder, tmp_path):
   assert (
     proc.stdout.strip().splitlines()[-1].startswith("teach: top-1 on 'test': teacher (resnet20)")
   )
+
+
+def _flat(tree, prefix=""):
+  out = {}
+  for key, value in tree.items():
+    out |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
+  return out
+
+
+@pytest.mark.parametrize(
+  "row, student, args",
+  [
+    ("corr_resnet20", "corr", ""),
+    ("corr_resnet20_eval", "corr", ",teacher_eval=1"),
+    ("kd_resnet20", "kd", ""),
+    ("corr_agent_e100", "corr", ""),
+  ],
+)
+def test_one_command_trains_the_small_data_studys_student_field_for_field(
+  tmp_path, row, student, args
+):
+  """The recipe the students' rule picks (issue 84 item 7) is this command with its flags: the
+  student's config equals the study row's, its teacher the teachers' table's run (a ResNet this
+  command trains; the agent of its own recipe, a finished run named by PATH)."""
+  table = sweep_tables.students_table("aug_light", "resnet20", "agent_e100")
+  study = {r.name: r for r in table.rows}
+  agent_run = tmp_path / "agent_e100_seed0"
+  agent_run.mkdir()
+  (agent_run / "config.json").write_text(json.dumps({"mode": "agent"}))
+  teacher = "resnet20" if "resnet20" in row else str(agent_run)
+  stages = dict(
+    teach.stage_commands(
+      f"configs/quickstart.py:recipe=small_data,epochs=100{args}",
+      str(tmp_path / "w"),
+      student=student,
+      teacher=teacher,
+    )
+  )
+
+  def config(spec, flags):
+    flags = [f for f in flags if f.startswith("--config.") and "agent_init_from" not in f]
+    return _flat(apply_flags(load_config(spec), flags).to_dict())
+
+  command = stages["student"]
+  ours = config(command[3].removeprefix("--config="), command[4:])
+  assert ours == config(study[row].config, study[row].overrides)
+  if teacher == "resnet20":
+    (teacher_row,) = [r for r in table.rows if r.name == "resnet20"]
+    command = stages["teacher"]
+    ours = config(command[3].removeprefix("--config="), command[4:])
+    theirs = config(teacher_row.config, teacher_row.overrides)
+    assert {k: v for k, v in ours.items() if not k.startswith("data.")} == {
+      k: v for k, v in theirs.items() if not k.startswith("data.")
+    }
+  else:
+    assert "teacher" not in stages
