@@ -44,3 +44,11 @@ def apply_flags(config, flags):
       value = type(old)(value)
     node[field] = value
   return config
+
+
+def flat(tree, prefix=""):
+  """A nested dict (a config's to_dict()) as {"a.b.c": leaf}, to compare configs field by field."""
+  out = {}
+  for key, value in tree.items():
+    out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
+  return out

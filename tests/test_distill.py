@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.config_files import load_config
+from tests.config_files import flat, load_config
 from tests.tiny_steps import batch_of
 from vitboot_jax import configlib, evaluate, kernel_sets, optim
 from vitboot_jax.base.errors import ConfigError
@@ -22,16 +22,6 @@ from vitboot_jax.tools.sweep import tables as sweep_tables
 HARD = "mode=joint,distill=hard,feature=0,kd=0,frozen=1"
 
 
-def _flat(tree, prefix=""):
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flat(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
-
-
 def _setup(arg):
   config = load_config("tiny_config", arg)
   models = build_models(config, kernel_sets.for_config(config))
@@ -44,9 +34,9 @@ def _setup(arg):
 
 
 def test_the_switch_sets_deits_token_and_weights_and_nothing_else():
-  official = _flat(load_config("quickstart", "mode=joint").to_dict())
-  assert _flat(load_config("quickstart", "mode=joint,distill=none").to_dict()) == official
-  hard = _flat(load_config("quickstart", "mode=joint,distill=hard").to_dict())
+  official = flat(load_config("quickstart", "mode=joint").to_dict())
+  assert flat(load_config("quickstart", "mode=joint,distill=none").to_dict()) == official
+  hard = flat(load_config("quickstart", "mode=joint,distill=hard").to_dict())
   changed = {k: hard[k] for k in official if official[k] != hard[k]}
   assert changed == {"model.distill_token": True, "loss.ce_vit": 0.5, "loss.distill_vit": 0.5}
   assert not official["model.distill_token"] and official["loss.distill_vit"] == 0.0
@@ -169,8 +159,8 @@ def test_the_helps_table_runs_deit_from_the_finished_agent():
 def test_a_frozen_teacher_in_evaluation_mode_predicts_as_at_inference():
   with pytest.raises(ConfigError, match="set config.agent_frozen"):
     configlib.validate(load_config("quickstart", "mode=joint,teacher_eval=1"))
-  official = _flat(load_config("quickstart", "mode=joint,frozen=1").to_dict())
-  variant = _flat(load_config("quickstart", "mode=joint,frozen=1,teacher_eval=1").to_dict())
+  official = flat(load_config("quickstart", "mode=joint,frozen=1").to_dict())
+  variant = flat(load_config("quickstart", "mode=joint,frozen=1,teacher_eval=1").to_dict())
   assert {k for k in official if official[k] != variant[k]} == {"agent_frozen_eval"}
   batch = batch_of(n=16)
   stats = {}

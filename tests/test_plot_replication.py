@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.config_files import load_config
+from tests.config_files import flat, load_config
 from vitboot_jax import configlib
 from vitboot_jax.tools import plot
 from vitboot_jax.tools.sweep import report as sweep_report
@@ -345,13 +345,6 @@ def _row_config(row, seed=0, epochs=4, table=REPLICATION):
   return config
 
 
-def _flatten(d, prefix=""):
-  out = {}
-  for k, v in d.items():
-    out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-  return out
-
-
 @pytest.mark.parametrize("name", ["replication", "replication_tokens16"])
 def test_rows_differ_only_in_method(name):
   """Equal data, model, optimiser, epochs and seed in every row; only the method changes."""
@@ -365,14 +358,14 @@ def test_rows_differ_only_in_method(name):
     "agent.mlp_dropout",  # The standalone (and joint) agent's dropout.
   }
   by_name = {r.name: r for r in table.rows}
-  reference = _flatten(_row_config(by_name["shared_align"], seed=1, table=table).to_dict())
+  reference = flat(_row_config(by_name["shared_align"], seed=1, table=table).to_dict())
   for row in table.rows:
     config = _row_config(row, seed=1, table=table)
     configlib.validate(config)
     assert config.num_epochs == 4 and config.seed == 1
     assert (config.data.name, config.data.dir) == ("folder", "/data")
-    flat = _flatten(config.to_dict())
-    changed = {k for k in flat if flat[k] != reference[k] and not k.startswith("loss.")}
+    fields = flat(config.to_dict())
+    changed = {k for k in fields if fields[k] != reference[k] and not k.startswith("loss.")}
     assert changed <= allowed, (row.name, changed - allowed)
   assert _row_config(by_name["shared_noalign"], table=table).align == "none"
   assert _row_config(by_name["shared_align"], table=table).align == "pcgrad"

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests import runs
-from tests.config_files import apply_flags, load_config
+from tests.config_files import apply_flags, flat, load_config
 from vitboot_jax.run import workdir_rules
 from vitboot_jax.tools import teach
 from vitboot_jax.tools.sweep import tables as sweep_tables
@@ -205,13 +205,6 @@ def test_teach_with_a_resnet_teacher_end_to_end(image_folder, tmp_path):
   )
 
 
-def _flat(tree, prefix=""):
-  out = {}
-  for key, value in tree.items():
-    out |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
-  return out
-
-
 @pytest.mark.parametrize(
   "row, student, args",
   [
@@ -244,7 +237,7 @@ def test_one_command_trains_the_small_data_studys_student_field_for_field(
 
   def config(spec, flags):
     flags = [f for f in flags if f.startswith("--config.") and "agent_init_from" not in f]
-    return _flat(apply_flags(load_config(spec), flags).to_dict())
+    return flat(apply_flags(load_config(spec), flags).to_dict())
 
   command = stages["student"]
   ours = config(command[3].removeprefix("--config="), command[4:])

@@ -180,9 +180,9 @@ def chosen_student(table: Table, entries: list[dict[str, Any]]) -> dict[str, Any
   val = {e["name"]: e["val_top1"]["vit"]["mean"] for e in taught}
   cost = {e["name"]: sum(mean_pflops(e)) for e in taught}
   order = list(val)
-  best = max(order, key=lambda n: (val[n], -order.index(n)))
+  best = max(order, key=val.get)  # max and min keep the first of equal keys: table order.
   close = [n for n in order if val[n] >= val[best] - within - 1e-9]  # Top-1 moves in 0.02 steps.
-  pick = min(close, key=lambda n: (cost[n], order.index(n)))
+  pick = min(close, key=cost.get)
   return {"row": pick, "best_row": best, "val_top1": val, "pflops": cost, "within": within}
 
 
