@@ -6,6 +6,7 @@ import atexit
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 
 # Must happen before jax is imported anywhere: every test sees 8 CPU devices, so sharding code
@@ -67,6 +68,16 @@ def full_float32_matmuls():
 
   with jax.default_matmul_precision("highest"):
     yield
+
+
+@pytest.fixture(autouse=True)
+def claims_end_with_their_test():
+  """A run that raised inside a test keeps its workdir claim (and heartbeat thread) until the
+  process ends, as in a notebook; tests share worker processes, so each test releases its own."""
+  yield
+  claim_module = sys.modules.get("vitboot_jax.run.workdir_claim")
+  if claim_module is not None:
+    claim_module.release_held()
 
 
 _GOLDEN_MISSING = "golden vectors not found at"
