@@ -72,8 +72,8 @@ def full_float32_matmuls():
 
 @pytest.fixture(autouse=True)
 def claims_end_with_their_test():
-  """A run that raised inside a test keeps its workdir claim (and heartbeat thread) until the
-  process ends, as in a notebook; tests share worker processes, so each test releases its own."""
+  """Tests share worker processes: whatever claim a test left held (a claim acquired directly, a
+  run cut short in a way that skips its release) ends with the test, heartbeat thread and all."""
   yield
   claim_module = sys.modules.get("vitboot_jax.run.workdir_claim")
   if claim_module is not None:

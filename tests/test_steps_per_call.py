@@ -16,7 +16,7 @@ from vitboot_jax import configlib, sharding, train
 from vitboot_jax import trainer as trainer_lib
 from vitboot_jax.base.errors import ConfigError
 from vitboot_jax.method import steps
-from vitboot_jax.run import workdir_rules
+from vitboot_jax.run import workdir_claim, workdir_rules
 
 
 def test_call_lengths_end_on_every_boundary():
@@ -244,6 +244,8 @@ def test_non_finite_step_inside_a_call_is_named(image_folder, tmp_path, monkeypa
   with pytest.raises(train.NonFiniteError, match="Non-finite ce_vit at step 6;"):
     train.train_and_evaluate(config, str(workdir))
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4"]
+  # The process lives on (a notebook): the run let go of its workdir, heartbeat and all.
+  assert workdir_claim.held(workdir) is None and not (workdir / workdir_claim.CLAIM_FILE).exists()
 
 
 def test_a_run_resumes_under_another_steps_per_call_and_from_older_config_files():

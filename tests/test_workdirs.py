@@ -220,6 +220,22 @@ def test_an_earlier_in_process_run_leaves_no_lasting_claim(tmp_path):
   claim.release()
 
 
+def test_a_failed_run_settles_its_saves_before_letting_go(tmp_path, caplog):
+  claim = workdir_claim.acquire(tmp_path)
+  path = tmp_path / workdir_claim.CLAIM_FILE
+  held_while_settling = []
+  claim.settle_first(lambda: held_while_settling.append(path.exists()))
+
+  def failed_save():
+    raise OSError("No space left on device")
+
+  claim.settle_first(failed_save)
+  claim.release_after_failure()
+  assert held_while_settling == [True]  # The save landed before the workdir was let go.
+  assert "No space left on device" in caplog.text  # Logged; the run's own error is raised.
+  assert workdir_claim.held(tmp_path) is None and not path.exists()
+
+
 def test_heartbeat_refreshes_and_finds_a_takeover(tmp_path):
   claim = workdir_claim.acquire(tmp_path)
   path = tmp_path / workdir_claim.CLAIM_FILE

@@ -248,7 +248,23 @@ def train_and_evaluate(
       return final
   # Nothing was written to the workdir before these checks passed (the Checkpointer creates it).
   claim = workdir_claim.acquire_for_run(workdir)  # One run per workdir: a second one stops here.
+  try:
+    final = _train(config, workdir, claim)
+  except BaseException:
+    # A run that raised in a live process (a notebook, a caller's loop) lets go of the workdir,
+    # so the next launch from anywhere finds it free; a multi-process run ends its processes.
+    if jax.process_count() == 1:
+      claim.release_after_failure()
+    raise
+  claim.release()
+  logging.info("Finished: %s", json.dumps(final))
+  return final
 
+
+def _train(
+  config: ml_collections.ConfigDict, workdir: epath.Path, claim: workdir_claim.RunClaim
+) -> dict[str, Any]:
+  """The run itself, in the workdir `claim` holds: returns what final.json records."""
   mesh = sharding.make_mesh()
   feed = loop_feed.open_feed(
     config, mesh
@@ -264,6 +280,7 @@ def train_and_evaluate(
   ckpt = checkpointer.Checkpointer(
     workdir, keep=config.keep_checkpoints, save_every_steps=config.checkpoint_every_steps
   )
+  claim.settle_first(ckpt.close)  # A save still writing lands before the workdir is let go.
   restored = ckpt.restore_latest(trainer.abstract_state)
   if restored is None:
     state: TrainState = trainer.initial_state()
@@ -380,8 +397,6 @@ def train_and_evaluate(
     raise failure
   writer.close()
   ckpt.close()
-  claim.release()
-  logging.info("Finished: %s", json.dumps(final))
   return final
 
 

@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from absl import logging
@@ -173,6 +174,7 @@ class Claim:
     self.thread_id = threading.get_ident()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._beat, name="workdir-claim", daemon=True)
+    self._settle: list[Callable[[], object]] = []
 
   def _start(self) -> None:
     with _HELD_LOCK:
@@ -207,9 +209,24 @@ class Claim:
         "without writing more. Run one job per workdir."
       )
 
+  def settle_first(self, settle: Callable[[], object]) -> None:
+    """Has `release_after_failure` call `settle` (the run's checkpointer's close) first."""
+    self._settle.append(settle)
+
+  def release_after_failure(self) -> None:
+    """Releases the claim of a run that raised once what it left in flight has settled: a save
+    still writing must not meet the next run's clean-up of unfinished steps."""
+    for settle in self._settle:
+      try:
+        settle()
+      except Exception as error:  # The run's own error is the one its caller sees.
+        logging.warning("Settling %s before releasing its claim: %s", self.workdir, error)
+    self.release()
+
   def release(self) -> None:
     """Stops the heartbeat and deletes the claim if it is still this run's."""
     self._stop.set()
+    self._settle.clear()
     with _HELD_LOCK:
       if _HELD.get(_key(self.workdir)) is self:
         del _HELD[_key(self.workdir)]
@@ -342,11 +359,21 @@ class _OtherProcess:
   def check(self) -> None:
     pass
 
+  def settle_first(self, settle: Callable[[], object]) -> None:
+    pass
+
+  def release_after_failure(self) -> None:
+    pass
+
   def release(self) -> None:
     pass
 
 
-def acquire_for_run(workdir: epath.PathLike) -> Claim | _OtherProcess:
+# What `acquire_for_run` gives each process of a run.
+RunClaim = Claim | _OtherProcess
+
+
+def acquire_for_run(workdir: epath.PathLike) -> RunClaim:
   """`acquire` on process 0; every process of a multi-process run gets its verdict.
 
   The verdict goes through the coordination service's key-value store, not a collective: the
