@@ -161,7 +161,14 @@ def test_the_70_percent_target_reads_the_students_of_at_most_100_epochs_with_eve
   assert (read["best_row"], read["best_top1"], read["reached"]) == ("corr_resnet20", 67.0, [])
   assert "kd_resnet20" in read["waiting_for"] and "vit_matched_resnet20" not in read["waiting_for"]
   text = sweep_report.table_markdown(sweep_report.build_report(table, s))
-  assert "not reached: the closest is **corr_resnet20** (67.00, 3.00 short); waiting for " in text
+  assert (
+    "not reached yet: of the rows with every seed, the closest is **corr_resnet20** (67.00, 3.00 "
+    "short); waiting for "
+  ) in text
+  final = dict(read, waiting_for=[])  # Every row in: the closest row is the verdict.
+  assert sweep_rules.target_lines(final)[-1].endswith(
+    "not reached: the closest is **corr_resnet20** (67.00, 3.00 short)."
+  )
   (tmp_path / "kd_resnet20_seed1").mkdir()
   (tmp_path / "kd_resnet20_seed1" / "final.json").write_text('{"epochs": 100, "top1_vit": 0.71}')
   read = sweep_report.build_report(table, s)["target"]

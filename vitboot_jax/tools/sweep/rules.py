@@ -308,8 +308,13 @@ def target_lines(read: dict[str, Any] | None) -> list[str]:
     line += f"reached by **{', '.join(read['reached'])}**"
   elif read["best_row"]:
     short = read["target"] - read["best_top1"]
-    line += f"not reached: the closest is **{read['best_row']}** ({read['best_top1']:.2f}, "
-    line += f"{short:.2f} short)"
+    # While rows wait, the closest finished row is no verdict on the target.
+    line += (
+      "not reached yet: of the rows with every seed, the closest is"
+      if read["waiting_for"]
+      else "not reached: the closest is"
+    )
+    line += f" **{read['best_row']}** ({read['best_top1']:.2f}, {short:.2f} short)"
   else:
     line += "no row has every seed yet"
   if read["waiting_for"]:
