@@ -4,6 +4,7 @@ student's compute counts its teacher's run."""
 
 import json
 import math
+import pathlib
 
 import pytest
 
@@ -283,3 +284,22 @@ def test_the_students_rule_picks_the_best_on_validation_the_cheaper_within_a_mar
   assert "the recipe is **kd_resnet20** (66.20: within 0.2 point of the best, " in lines[1]
   assert "corr_resnet20_eval (66.40), and cheaper: 1.118 PFLOPs against 1.218" in lines[1]
   assert sweep_rules.chosen_student(sweep_tables.TABLES["teachers"], []) is None
+
+
+@pytest.mark.slow
+def test_the_choices_set_in_tables_are_what_the_committed_records_read():
+  """tables.BASELINE_WINNER, TEACHER, OTHER_TEACHER and TEACHER_EVAL are set by hand from their
+  reports' rule lines: the same rules read on the records under docs/small_data must agree."""
+  records = pathlib.Path(__file__).resolve().parents[1] / "docs" / "small_data"
+
+  def read(name, key):
+    table = sweep_tables.TABLES[name]
+    return sweep_report.build_report(table, sweep_runs.settings(table, root=str(records)))[key]
+
+  assert read("baseline", "chosen")["row"] == sweep_tables.BASELINE_WINNER
+  teachers = read("teachers", "chosen_teacher")
+  assert (teachers["teacher"], teachers["other"]) == (
+    sweep_tables.TEACHER,
+    sweep_tables.OTHER_TEACHER,
+  )
+  assert read("students", "switch")["on"] is sweep_tables.TEACHER_EVAL

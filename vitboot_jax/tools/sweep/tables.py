@@ -396,7 +396,7 @@ def students_table(winner: str, teacher: str, other: str) -> Table:
 # validation (corr_T_eval against corr_T, both seeds; its report's rules.switch line): set once
 # both have finished; the students at the baseline's longer schedule then run in that mode
 # (table students_long).
-TEACHER_EVAL: bool | None = None
+TEACHER_EVAL: bool | None = True
 
 
 def longer_students_table(
