@@ -1,13 +1,16 @@
 """He et al.'s CIFAR ResNets: the paper's parameter counts, shapes, option-A shortcuts, the MACs of
 a train step, and the paper's recipe as a config that trains under mode=cnn."""
 
+import json
 import math
+import signal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import runs
 from tests.config_files import load_config
 from tests.tiny_steps import batch_of
 from vitboot_jax import configlib, kernel_sets, optim, sharding
@@ -130,3 +133,33 @@ def test_trains_end_to_end_on_the_image_folder(tmp_path, image_folder):
   config.total_steps = 3
   final = train.train_and_evaluate(config, str(tmp_path / "resnet20"))
   assert final["step"] == 3 and final["mode"] == "cnn" and 0.0 <= final["top1_cnn"] <= 1.0
+
+
+@pytest.mark.slow
+def test_stopped_by_sigterm_it_resumes_to_the_uninterrupted_result(tmp_path, image_folder):
+  """A CNN run keeps state a ViT's does not (BN running statistics, SGD momentum, a step-wise
+  learning rate): stopped by SIGTERM mid-epoch (the teacher stage of tools.teach) and run again,
+  it ends where the same run ends uninterrupted, every step's loss the same."""
+  config = str(runs.REPO / "tests" / "tiny_cifar_resnet.py")
+  epochs = "--config.num_epochs=2"  # 20 steps, checkpoints every 4.
+  reference, workdir = tmp_path / "reference", tmp_path / "stopped"
+  runs.run(reference, image_folder, epochs, config=config)
+  watched = runs.WatchedRun(
+    workdir, image_folder, runs.after_step(7), signal.SIGTERM, (epochs,), config=config
+  )
+  assert watched.wait() == 128 + signal.SIGTERM, "".join(watched.log)[-3000:]
+  stopped = [line for line in watched.log if "Stopped by SIGTERM after step" in line]
+  step = int(stopped[0].split("after step ")[1].split(":")[0])
+  assert 7 <= step < 20 and not (workdir / "final.json").exists()
+  proc = runs.run(workdir, image_folder, epochs, config=config)
+  assert f"Resuming from the checkpoint of step {step}" in proc.stderr
+  want, got = (json.loads((d / "final.json").read_text()) for d in (reference, workdir))
+  assert got["resumed_from_step"] == step and got["step"] == want["step"] == 20
+  for key in ("top1_cnn", "top5_cnn", "ce_cnn", "count"):
+    assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+  losses = [
+    {r["step"]: r["train/loss_cnn"] for r in runs.metrics(d) if "train/loss_cnn" in r}
+    for d in (reference, workdir)
+  ]
+  assert list(losses[1]) == list(range(1, 21))  # Every step once, in order.
+  assert losses[1] == pytest.approx(losses[0], rel=1e-5)
