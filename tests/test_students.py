@@ -4,10 +4,10 @@ student's compute counts its teacher's run."""
 
 import json
 import math
-import pathlib
 
 import pytest
 
+from tests import runs
 from tests.config_files import load_config
 from vitboot_jax import configlib
 from vitboot_jax.tools.sweep import report as sweep_report
@@ -290,7 +290,7 @@ def test_the_students_rule_picks_the_best_on_validation_the_cheaper_within_a_mar
 def test_the_choices_set_in_tables_are_what_the_committed_records_read():
   """tables.BASELINE_WINNER, TEACHER, OTHER_TEACHER and TEACHER_EVAL are set by hand from their
   reports' rule lines: the same rules read on the records under docs/small_data must agree."""
-  records = pathlib.Path(__file__).resolve().parents[1] / "docs" / "small_data"
+  records = runs.REPO / "docs" / "small_data"
 
   def read(name, key):
     table = sweep_tables.TABLES[name]
